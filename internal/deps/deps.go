@@ -1,0 +1,30 @@
+// Package deps is temporary: it pins dependencies while packages are written.
+package deps
+
+import (
+	_ "github.com/NVIDIA/go-nvml/pkg/nvml"
+	_ "github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	_ "github.com/fsnotify/fsnotify"
+	_ "github.com/google/go-cmp/cmp"
+	_ "github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	_ "github.com/prometheus/client_golang/api"
+	_ "github.com/prometheus/client_golang/api/prometheus/v1"
+	_ "github.com/prometheus/client_golang/prometheus"
+	_ "github.com/prometheus/client_golang/prometheus/testutil"
+	_ "github.com/prometheus/common/expfmt"
+	_ "github.com/prometheus/exporter-toolkit/web"
+	_ "go.opentelemetry.io/otel"
+	_ "go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	_ "go.opentelemetry.io/otel/sdk/trace"
+	_ "go.opentelemetry.io/otel/sdk/trace/tracetest"
+	_ "google.golang.org/grpc"
+	_ "gopkg.in/yaml.v3"
+	_ "k8s.io/api/core/v1"
+	_ "k8s.io/client-go/kubernetes"
+	_ "k8s.io/client-go/tools/leaderelection"
+	_ "k8s.io/client-go/tools/record"
+	_ "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	_ "k8s.io/kubelet/pkg/apis/podresources/v1"
+	_ "sigs.k8s.io/controller-runtime/pkg/envtest"
+	_ "sigs.k8s.io/yaml"
+)

@@ -1,0 +1,13 @@
+//go:build tools
+
+// Package tools pins the Kubernetes control-plane binaries that the
+// integration and end-to-end tests run for real (kube-apiserver,
+// kube-scheduler, kube-controller-manager). It is a separate module so the
+// main module does not depend on k8s.io/kubernetes.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
