@@ -1,0 +1,71 @@
+// Package metricnames holds the metric names that gpuslice's programs export
+// (the contract in DESIGN.md) and a PromQL scanner that finds the metric names
+// an expression reads. Dashboards and alert rules are checked against it, so a
+// panel or rule that queries a metric nobody exports fails a test instead of
+// showing "No data" in production.
+//
+// When a program adds or renames a metric, change the list here in the same
+// commit as DESIGN.md, the dashboards and the rules.
+package metricnames
+
+import "slices"
+
+// Exporter lists the metrics gpuslice-exporter serves (DESIGN.md, "Exporter
+// contract").
+var Exporter = []string{
+	"gpuslice_gpu_info",
+	"gpuslice_gpu_memory_total_bytes",
+	"gpuslice_gpu_memory_used_bytes",
+	"gpuslice_gpu_utilization_ratio",
+	"gpuslice_gpu_temperature_celsius",
+	"gpuslice_gpu_power_watts",
+	"gpuslice_gpu_xid_errors_total",
+	"gpuslice_gpu_replicas",
+	"gpuslice_gpu_replicas_allocated",
+	"gpuslice_container_gpu_allocation",
+	"gpuslice_container_gpu_memory_used_bytes",
+	"gpuslice_container_gpu_utilization_ratio",
+	"gpuslice_container_gpu_processes",
+	"gpuslice_unattributed_gpu_memory_used_bytes",
+	"gpuslice_gpu_oom_events_total",
+	"gpuslice_exporter_collect_duration_seconds",
+	"gpuslice_exporter_collect_success",
+}
+
+// Tuner lists the metrics gpuslice-tuner serves (DESIGN.md, "Tuner metrics").
+var Tuner = []string{
+	"gpuslice_tuner_replicas",
+	"gpuslice_tuner_recommended_replicas",
+	"gpuslice_tuner_changes_total",
+	"gpuslice_tuner_apply_failures_total",
+	"gpuslice_tuner_verify_failures_total",
+	"gpuslice_tuner_last_change_timestamp_seconds",
+	"gpuslice_tuner_leader",
+}
+
+// Plugin lists the metrics gpuslice-plugin serves (DESIGN.md, "Plugin
+// metrics").
+var Plugin = []string{
+	"gpuslice_plugin_replicas",
+	"gpuslice_plugin_reloads_total",
+	"gpuslice_plugin_reload_failures_total",
+	"gpuslice_plugin_allocations_total",
+	"gpuslice_plugin_unhealthy_gpus",
+}
+
+// Scrape lists the series Prometheus itself writes for every scrape target;
+// rules about a target being down read them.
+var Scrape = []string{
+	"up",
+	"scrape_duration_seconds",
+	"scrape_samples_scraped",
+	"scrape_samples_post_metric_relabeling",
+	"scrape_series_added",
+}
+
+// Known reports whether name is a metric that one of gpuslice's programs, or
+// Prometheus for each of their scrape targets, produces.
+func Known(name string) bool {
+	return slices.Contains(Exporter, name) || slices.Contains(Tuner, name) ||
+		slices.Contains(Plugin, name) || slices.Contains(Scrape, name)
+}
