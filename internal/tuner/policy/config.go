@@ -1,0 +1,164 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// ErrInvalidConfig wraps every error about a policy configuration: a bad
+// value, an unknown key in the policy section, a section that does not parse.
+var ErrInvalidConfig = errors.New("invalid tuner policy config")
+
+// Config holds the knobs of Decide. One Config applies to a node: every GPU
+// of the node is judged with it and the node gets the smallest answer.
+//
+// In tuner.yaml it is the `policy:` section, durations written as Go
+// durations:
+//
+//	policy:
+//	  minReplicas: 1
+//	  maxReplicas: 8
+//	  window: 10m
+//
+// Keys left out keep their DefaultConfig value.
+type Config struct {
+	// MinReplicas is the floor; 1 means the GPU may end up exclusive (a
+	// device-plugin config without `sharing`).
+	MinReplicas int `yaml:"minReplicas"`
+	// MaxReplicas is the ceiling, whatever the headroom.
+	MaxReplicas int `yaml:"maxReplicas"`
+	// MaxStepUp bounds one raise.
+	MaxStepUp int `yaml:"maxStepUp"`
+	// Window is how long headroom must be sustained before a raise, and the
+	// span over which per-container peaks and OOM events are remembered.
+	Window time.Duration `yaml:"window"`
+	// Cooldown is the least time between any change and a raise.
+	Cooldown time.Duration `yaml:"cooldown"`
+	// PressureWindow is how long memory pressure must last before a lowering,
+	// and the least time between a change and a lowering for pressure.
+	PressureWindow time.Duration `yaml:"pressureWindow"`
+	// SampleInterval is how often signals are sampled. A window counts as
+	// covered when its first sample is at most one interval after the
+	// window's start and no two samples (nor the last sample and now) are
+	// more than two intervals apart: one lost scrape is tolerated, a longer
+	// gap is time nobody watched.
+	SampleInterval time.Duration `yaml:"sampleInterval"`
+	// TargetUtilization is the fraction of a GPU's memory that the pods on it
+	// may be expected to fill after a raise.
+	TargetUtilization float64 `yaml:"targetUtilization"`
+	// PressureThreshold is the used/total ratio that counts as pressure. It
+	// is above TargetUtilization so that a raise can never by itself lead to
+	// a lowering for pressure.
+	PressureThreshold float64 `yaml:"pressureThreshold"`
+}
+
+// DefaultConfig returns the defaults justified in README.md.
+func DefaultConfig() Config {
+	return Config{
+		MinReplicas:       1,
+		MaxReplicas:       8,
+		MaxStepUp:         1,
+		Window:            10 * time.Minute,
+		Cooldown:          15 * time.Minute,
+		PressureWindow:    2 * time.Minute,
+		SampleInterval:    15 * time.Second,
+		TargetUtilization: 0.9,
+		PressureThreshold: 0.95,
+	}
+}
+
+// Validate reports every bad field at once, by its tuner.yaml name.
+func (c Config) Validate() error {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	if c.MinReplicas < 1 {
+		bad("minReplicas must be >= 1, got %d", c.MinReplicas)
+	}
+	if c.MaxReplicas < c.MinReplicas {
+		bad("maxReplicas must be >= minReplicas (%d), got %d", c.MinReplicas, c.MaxReplicas)
+	}
+	if c.MaxStepUp < 1 {
+		bad("maxStepUp must be >= 1, got %d", c.MaxStepUp)
+	}
+	if c.SampleInterval <= 0 {
+		bad("sampleInterval must be > 0, got %s", c.SampleInterval)
+	}
+	if c.Window < c.SampleInterval || c.Window <= 0 {
+		bad("window must be > 0 and >= sampleInterval (%s), got %s", c.SampleInterval, c.Window)
+	}
+	if c.PressureWindow < c.SampleInterval || c.PressureWindow <= 0 || c.PressureWindow > c.Window {
+		bad("pressureWindow must be between sampleInterval (%s) and window (%s), got %s", c.SampleInterval, c.Window, c.PressureWindow)
+	}
+	if c.Cooldown < 0 {
+		bad("cooldown must be >= 0, got %s", c.Cooldown)
+	}
+	if !(c.TargetUtilization > 0 && c.TargetUtilization <= 1) {
+		bad("targetUtilization must be in (0, 1], got %g", c.TargetUtilization)
+	}
+	if !(c.PressureThreshold > 0 && c.PressureThreshold <= 1) {
+		bad("pressureThreshold must be in (0, 1], got %g", c.PressureThreshold)
+	} else if c.PressureThreshold <= c.TargetUtilization {
+		bad("pressureThreshold (%g) must be above targetUtilization (%g)", c.PressureThreshold, c.TargetUtilization)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// configKeys are the keys a policy section may hold, in the order of Config.
+var configKeys = []string{
+	"minReplicas", "maxReplicas", "maxStepUp", "window", "cooldown",
+	"pressureWindow", "sampleInterval", "targetUtilization", "pressureThreshold",
+}
+
+// UnmarshalYAML decodes a policy section over the values already in c (so
+// decoding into DefaultConfig() keeps defaults for absent keys) and rejects
+// keys it does not know: a misspelt knob silently left at its default would
+// change how a cluster is tuned without anyone noticing.
+func (c *Config) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("%w: line %d: policy must be a mapping", ErrInvalidConfig, n.Line)
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k := n.Content[i]
+		if !slices.Contains(configKeys, k.Value) {
+			return fmt.Errorf("%w: line %d: policy: unknown key %q (known: %s)",
+				ErrInvalidConfig, k.Line, k.Value, strings.Join(configKeys, ", "))
+		}
+	}
+	type plain Config // no UnmarshalYAML: decodes field by field
+	if err := n.Decode((*plain)(c)); err != nil {
+		return fmt.Errorf("%w: policy: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// ConfigFromYAML reads the `policy:` section of a tuner.yaml document, starting
+// from DefaultConfig, and validates it. Other top-level keys belong to the
+// controller and are ignored here; a document without a policy section gives
+// the defaults. It takes the bytes, not a path, so that callers own file
+// access and can name the file in their own errors.
+func ConfigFromYAML(data []byte) (Config, error) {
+	var doc struct {
+		Policy yaml.Node `yaml:"policy"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	cfg := DefaultConfig()
+	if doc.Policy.Kind != 0 && doc.Policy.Tag != "!!null" {
+		if err := doc.Policy.Decode(&cfg); err != nil {
+			return Config{}, err
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}

@@ -1,0 +1,364 @@
+// Package policy decides how many pods may share each GPU of a node
+// (time-slicing replicas) from what was measured there. Decide is a pure
+// function of its inputs: the controller gathers samples and applies the
+// answer, and `gpuslice-tuner simulate` replays traces through the very same
+// function.
+//
+// # Rules
+//
+// Each GPU of a node is judged on its own, over the samples of the last
+// Window; the node gets the smallest answer of its GPUs (one device-plugin
+// config covers the node, and a replica is a share of one physical GPU, so
+// the tightest GPU sets the count).
+//
+// Footprint. Each container's peak over the window is the largest value it
+// had in any sample; the footprint estimate F is the largest of those peaks.
+// A new replica can go to any pod, and time-slicing does not isolate memory,
+// so a raise is sized for the hungriest pod seen, not for an average one: on
+// the seed homelab the mean of RIFE (8 GiB), YOLO and Real-ESRGAN (6 GiB) and
+// FFmpeg (0.5 GiB) is 5 GiB, and a raise sized for 5 GiB that admits a second
+// RIFE crashes it. Capacity is floor(TargetUtilization × total / F).
+//
+// Lowering, at once:
+//   - GPU OOM. Any OOM event in the window proves that the pods holding
+//     replicas at that moment did not fit together, so the target is one less
+//     than the allocated count at the OOM (the current count when the
+//     allocation is unknown), never above the current count, and the smallest
+//     such target over the window's OOMs. Because it is tied to the
+//     allocation at the OOM and not to the current count, the same crashing
+//     mix repeating every few seconds does not ratchet the count down; a new
+//     OOM at a smaller mix lowers further.
+//   - Memory pressure. Used/total at or above PressureThreshold in every
+//     sample of the last PressureWindow lowers to min(current−1, allocated
+//     now): nobody more is admitted while the GPU is nearly full. Its guard
+//     against flapping: no lowering for pressure within PressureWindow of the
+//     last change (an OOM is never held back).
+//   - Above MaxReplicas: lowered to MaxReplicas.
+//
+// Raising, by at most MaxStepUp, only when all of these hold: no OOM in the
+// window; the samples cover the whole window; Cooldown has passed since the
+// last change; the latest sample advertises the current count (the last
+// change has taken effect); and every sample of the window would still have
+// fit the raised count: used + (raised − allocated) × F <= TargetUtilization
+// × total, i.e. each extra pod is expected to bring F. The raise is also
+// capped by capacity and MaxReplicas. Below MinReplicas the count is raised
+// to MinReplicas at once.
+//
+// Replicas 1 means exclusive: the applier writes a config without `sharing`,
+// because NVIDIA rejects replicas below 2. Pods already holding replica IDs
+// above a lowered count keep running; a lowering only stops new admissions.
+//
+// Samples with MemoryTotalBytes 0 (total unknown) prove neither headroom nor
+// pressure.
+package policy
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Reasons, UpperCamelCase like Kubernetes Event reasons, for Decision.Reason.
+const (
+	ReasonSustainedHeadroom    = "SustainedHeadroom"    // up
+	ReasonBelowMinimum         = "BelowMinimum"         // up
+	ReasonGPUOOM               = "GPUOOM"               // down
+	ReasonMemoryPressure       = "MemoryPressure"       // down
+	ReasonAboveMaximum         = "AboveMaximum"         // down
+	ReasonRecentOOM            = "RecentOOM"            // hold: an OOM in the window forbids raising
+	ReasonMemoryPressureGuard  = "MemoryPressureGuard"  // hold: pressure, but a change was made less than PressureWindow ago
+	ReasonAtMaximum            = "AtMaximum"            // hold
+	ReasonCooldown             = "Cooldown"             // hold
+	ReasonInsufficientHistory  = "InsufficientHistory"  // hold: samples do not cover the window
+	ReasonAwaitingApply        = "AwaitingApply"        // hold: advertised count differs from the current one
+	ReasonNoWorkload           = "NoWorkload"           // hold: no container memory seen, no footprint
+	ReasonAtCapacity           = "AtCapacity"           // hold: capacity from the footprint allows no more
+	ReasonInsufficientHeadroom = "InsufficientHeadroom" // hold: some sample would not have fit one more
+	ReasonNoGPUs               = "NoGPUs"               // hold: nothing observed on the node
+)
+
+// Directions for Decision.Direction.
+const (
+	DirectionUp   = "up"
+	DirectionDown = "down"
+	DirectionNone = ""
+)
+
+// Sample is one look at one GPU.
+type Sample struct {
+	Time             time.Time
+	MemoryTotalBytes uint64
+	MemoryUsedBytes  uint64
+	// ContainerPeaks maps a container key (namespace/pod/container) to its
+	// peak memory on this GPU during the sample.
+	ContainerPeaks map[string]uint64
+	// OOMEvents counts GPU OOM events since the previous sample.
+	OOMEvents          int
+	ReplicasAdvertised int
+	ReplicasAllocated  int
+}
+
+// GPUObservation is one GPU's recent history.
+type GPUObservation struct {
+	UUID string
+	// Samples is the window, oldest first. Samples outside
+	// [Now−Window, Now] are ignored.
+	Samples []Sample
+}
+
+// Observation is everything Decide knows about one node.
+type Observation struct {
+	Node            string
+	Now             time.Time
+	CurrentReplicas int
+	// LastChange is when the count last changed; zero means never.
+	LastChange time.Time
+	GPUs       []GPUObservation
+}
+
+// Decision is the answer for one node.
+type Decision struct {
+	Replicas  int
+	Direction string
+	// Reason is a short UpperCamelCase word (the Reason... constants).
+	Reason string
+	// Message is a sentence with the numbers behind the reason.
+	Message string
+	// FootprintBytes is the footprint estimate of the GPU that set the answer
+	// (0 when nothing was measured).
+	FootprintBytes uint64
+	// GPU is the UUID of the GPU that set the answer.
+	GPU string
+}
+
+// Decide returns the replica count a node should have. It is pure and
+// deterministic: the same inputs give the same Decision whatever the order of
+// obs.GPUs. cfg is assumed valid (Config.Validate).
+func Decide(cfg Config, obs Observation) Decision {
+	if len(obs.GPUs) == 0 {
+		return Decision{
+			Replicas: obs.CurrentReplicas,
+			Reason:   ReasonNoGPUs,
+			Message:  fmt.Sprintf("node %s: no GPU observed, keeping %d replicas", obs.Node, obs.CurrentReplicas),
+		}
+	}
+	var best Decision
+	for i, g := range obs.GPUs {
+		d := decideGPU(cfg, obs, g)
+		if i == 0 || d.Replicas < best.Replicas || (d.Replicas == best.Replicas && d.GPU < best.GPU) {
+			best = d
+		}
+	}
+	best.Direction = direction(obs.CurrentReplicas, best.Replicas)
+	return best
+}
+
+func direction(from, to int) string {
+	switch {
+	case to > from:
+		return DirectionUp
+	case to < from:
+		return DirectionDown
+	}
+	return DirectionNone
+}
+
+// gpuView is the part of a GPU's history that Decide looks at.
+type gpuView struct {
+	cfg       Config
+	now       time.Time
+	cur       int
+	window    []Sample // within [now−Window, now]
+	footprint uint64
+}
+
+func decideGPU(cfg Config, obs Observation, g GPUObservation) Decision {
+	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas}
+	v.window = within(g.Samples, obs.Now.Add(-cfg.Window), obs.Now)
+	v.footprint = footprint(v.window)
+	d := v.decide(obs.LastChange)
+	d.FootprintBytes = v.footprint
+	d.GPU = g.UUID
+	d.Message = g.UUID + ": " + d.Message
+	return d
+}
+
+func (v gpuView) decide(lastChange time.Time) Decision {
+	cfg, cur := v.cfg, v.cur
+	sinceChange := time.Duration(math.MaxInt64)
+	if !lastChange.IsZero() {
+		sinceChange = v.now.Sub(lastChange)
+	}
+
+	// Lowerings: the smallest target wins; on equal targets the order below
+	// (OOM, pressure, bound) names the reason.
+	low := Decision{Replicas: cur}
+	lower := func(to int, reason, msg string) {
+		if to < low.Replicas {
+			low = Decision{Replicas: to, Reason: reason, Message: msg}
+		}
+	}
+	ooms, oomTarget, oomAlloc := v.oomTarget()
+	if ooms > 0 {
+		lower(oomTarget, ReasonGPUOOM, fmt.Sprintf(
+			"%d GPU OOM event(s) in the last %s; %d pods did not fit together, lowering %d -> %d",
+			ooms, cfg.Window, oomAlloc, cur, oomTarget))
+	}
+	pressed, pressTarget, pressMsg := v.pressure()
+	if pressed && sinceChange >= cfg.PressureWindow {
+		lower(pressTarget, ReasonMemoryPressure, pressMsg+fmt.Sprintf(", lowering %d -> %d", cur, pressTarget))
+	}
+	if cur > cfg.MaxReplicas {
+		lower(cfg.MaxReplicas, ReasonAboveMaximum, fmt.Sprintf("%d replicas is above maxReplicas %d", cur, cfg.MaxReplicas))
+	}
+	if low.Replicas < cur {
+		return low
+	}
+	if cur < cfg.MinReplicas {
+		return Decision{Replicas: cfg.MinReplicas, Reason: ReasonBelowMinimum,
+			Message: fmt.Sprintf("%d replicas is below minReplicas %d", cur, cfg.MinReplicas)}
+	}
+
+	hold := func(reason, format string, args ...any) Decision {
+		return Decision{Replicas: cur, Reason: reason, Message: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case ooms > 0:
+		return hold(ReasonRecentOOM, "%d GPU OOM event(s) in the last %s, keeping %d replicas", ooms, cfg.Window, cur)
+	case pressed:
+		return hold(ReasonMemoryPressureGuard, "%s, but the last change was %s ago (< pressureWindow %s), keeping %d replicas",
+			pressMsg, sinceChange, cfg.PressureWindow, cur)
+	case cur >= cfg.MaxReplicas:
+		return hold(ReasonAtMaximum, "%d replicas is maxReplicas", cur)
+	case sinceChange < cfg.Cooldown:
+		return hold(ReasonCooldown, "last change %s ago, cooldown %s, keeping %d replicas", sinceChange, cfg.Cooldown, cur)
+	case !covers(v.window, v.now.Add(-cfg.Window), v.now, cfg.SampleInterval):
+		return hold(ReasonInsufficientHistory, "samples cover less than the %s window (%d samples, one every %s expected), keeping %d replicas",
+			cfg.Window, len(v.window), cfg.SampleInterval, cur)
+	}
+	latest := v.window[len(v.window)-1]
+	if latest.ReplicasAdvertised != 0 && latest.ReplicasAdvertised != cur {
+		return hold(ReasonAwaitingApply, "%d replicas advertised, %d decided: the last change has not taken effect", latest.ReplicasAdvertised, cur)
+	}
+	if v.footprint == 0 {
+		return hold(ReasonNoWorkload, "no container memory seen in the last %s, no footprint to size a raise, keeping %d replicas", cfg.Window, cur)
+	}
+	capacity := int(math.Floor(cfg.TargetUtilization * float64(latest.MemoryTotalBytes) / float64(v.footprint)))
+	want := min(cur+cfg.MaxStepUp, cfg.MaxReplicas, capacity)
+	if want <= cur {
+		return hold(ReasonAtCapacity, "footprint %s, %.0f%% of %s fits %d pods, keeping %d replicas",
+			gib(v.footprint), 100*cfg.TargetUtilization, gib(latest.MemoryTotalBytes), capacity, cur)
+	}
+	fit, worst := v.fit()
+	if fit <= cur {
+		return hold(ReasonInsufficientHeadroom, "at %s %s of %s used with %d allocated: one more pod of %s would pass %.0f%%, keeping %d replicas",
+			worst.Time.Format(time.RFC3339), gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated,
+			gib(v.footprint), 100*cfg.TargetUtilization, cur)
+	}
+	to := min(want, fit)
+	return Decision{Replicas: to, Reason: ReasonSustainedHeadroom, Message: fmt.Sprintf(
+		"for %s every sample had room for %d more pods of %s under %.0f%% (tightest: %s of %s used with %d allocated), raising %d -> %d",
+		cfg.Window, fit-cur, gib(v.footprint), 100*cfg.TargetUtilization,
+		gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated, cur, to)}
+}
+
+// oomTarget returns the number of OOM events in the window, the count they
+// call for and the allocation at the OOM that set it.
+func (v gpuView) oomTarget() (events, target, alloc int) {
+	target = v.cur
+	for _, s := range v.window {
+		if s.OOMEvents <= 0 {
+			continue
+		}
+		events += s.OOMEvents
+		a := s.ReplicasAllocated
+		if a <= 0 {
+			a = v.cur
+		}
+		if a-1 < target {
+			target, alloc = a-1, a
+		}
+	}
+	return events, max(target, v.cfg.MinReplicas), alloc
+}
+
+// pressure says whether every sample of the last PressureWindow was at or
+// above the threshold, and the count that calls for.
+func (v gpuView) pressure() (bool, int, string) {
+	from := v.now.Add(-v.cfg.PressureWindow)
+	ss := within(v.window, from, v.now)
+	if !covers(ss, from, v.now, v.cfg.SampleInterval) {
+		return false, 0, ""
+	}
+	lowest := math.Inf(1)
+	for _, s := range ss {
+		if s.MemoryTotalBytes == 0 {
+			return false, 0, ""
+		}
+		r := float64(s.MemoryUsedBytes) / float64(s.MemoryTotalBytes)
+		if r < v.cfg.PressureThreshold {
+			return false, 0, ""
+		}
+		lowest = min(lowest, r)
+	}
+	alloc := ss[len(ss)-1].ReplicasAllocated
+	target := max(min(v.cur-1, alloc), v.cfg.MinReplicas)
+	return true, target, fmt.Sprintf("memory at or above %.0f%% for %s (lowest %.1f%%) with %d allocated",
+		100*v.cfg.PressureThreshold, v.cfg.PressureWindow, 100*lowest, alloc)
+}
+
+// fit returns the largest count that every sample of the window would still
+// have fit, each pod beyond the allocated ones bringing the footprint, and
+// the sample that limited it.
+func (v gpuView) fit() (int, Sample) {
+	fit, worst := math.MaxInt, v.window[0]
+	for _, s := range v.window {
+		n := 0 // a sample without a total, or already over the target, fits nothing more
+		budget := v.cfg.TargetUtilization*float64(s.MemoryTotalBytes) - float64(s.MemoryUsedBytes)
+		if s.MemoryTotalBytes > 0 && budget >= 0 {
+			n = s.ReplicasAllocated + int(math.Floor(budget/float64(v.footprint)))
+		}
+		if n < fit {
+			fit, worst = n, s
+		}
+	}
+	return fit, worst
+}
+
+// within returns the samples with from <= Time <= to, keeping their order.
+func within(ss []Sample, from, to time.Time) []Sample {
+	lo, _ := slices.BinarySearchFunc(ss, from, func(s Sample, t time.Time) int { return s.Time.Compare(t) })
+	out := ss[lo:]
+	hi := len(out)
+	for hi > 0 && out[hi-1].Time.After(to) {
+		hi--
+	}
+	return out[:hi]
+}
+
+// covers says whether ss watched all of [from, to] at the given interval.
+func covers(ss []Sample, from, to time.Time, interval time.Duration) bool {
+	if len(ss) == 0 || ss[0].Time.Sub(from) > interval || to.Sub(ss[len(ss)-1].Time) > 2*interval {
+		return false
+	}
+	for i := 1; i < len(ss); i++ {
+		if ss[i].Time.Sub(ss[i-1].Time) > 2*interval {
+			return false
+		}
+	}
+	return true
+}
+
+// footprint is the largest per-container peak in the samples.
+func footprint(ss []Sample) uint64 {
+	var f uint64
+	for _, s := range ss {
+		for _, p := range s.ContainerPeaks {
+			f = max(f, p)
+		}
+	}
+	return f
+}
+
+func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }

@@ -1,0 +1,310 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const GiB = uint64(1) << 30
+
+var now = time.Date(2026, 1, 24, 12, 0, 0, 0, time.UTC)
+
+// The seed homelab's four services on one 48 GiB RTX A6000.
+var (
+	a6000        = uint64(51527024640)
+	servicePeaks = map[string]uint64{
+		"media/yolo/yolo": 6 * GiB, "media/rife/rife": 8 * GiB,
+		"media/esrgan/esrgan": 6 * GiB, "media/ffmpeg/ffmpeg": GiB / 2,
+	}
+	servicesUsed = 20*GiB + GiB/2
+)
+
+// sampleFn returns the sample taken at time t, i steps of 15 s after the
+// first one.
+type sampleFn func(i int, t time.Time) Sample
+
+// steady is a GPU whose numbers never move.
+func steady(used uint64, alloc, advertised int, peaks map[string]uint64) sampleFn {
+	return func(_ int, t time.Time) Sample {
+		return Sample{Time: t, MemoryTotalBytes: a6000, MemoryUsedBytes: used, ContainerPeaks: peaks,
+			ReplicasAdvertised: advertised, ReplicasAllocated: alloc}
+	}
+}
+
+// history samples f every 15 s from now-span to now, both included.
+func history(span time.Duration, f sampleFn) []Sample {
+	var ss []Sample
+	for i, t := 0, now.Add(-span); !t.After(now); i, t = i+1, t.Add(15*time.Second) {
+		ss = append(ss, f(i, t))
+	}
+	return ss
+}
+
+// with changes the samples for which pick is true.
+func with(ss []Sample, pick func(i int, s Sample) bool, change func(*Sample)) []Sample {
+	out := make([]Sample, len(ss))
+	copy(out, ss)
+	for i := range out {
+		if pick(i, out[i]) {
+			change(&out[i])
+		}
+	}
+	return out
+}
+
+func last(n int) func(int, Sample) bool {
+	return func(i int, s Sample) bool { return s.Time.After(now.Add(-time.Duration(n) * 15 * time.Second)) }
+}
+
+func node(cur int, lastChange time.Time, ss []Sample) Observation {
+	return Observation{Node: "polydev-desktop", Now: now, CurrentReplicas: cur, LastChange: lastChange,
+		GPUs: []GPUObservation{{UUID: "GPU-a6000", Samples: ss}}}
+}
+
+func TestDecide(t *testing.T) {
+	def := DefaultConfig()
+	cfg := func(change func(*Config)) Config { c := DefaultConfig(); change(&c); return c }
+	roomy := history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
+	pressured := history(10*time.Minute, steady(uint64(0.96*float64(a6000)), 6, 6, servicePeaks))
+	oomAt := func(alloc int) func(*Sample) {
+		return func(s *Sample) { s.OOMEvents, s.ReplicasAllocated = 1, alloc }
+	}
+
+	tests := []struct {
+		name      string
+		cfg       Config
+		obs       Observation
+		replicas  int
+		reason    string
+		direction string
+	}{
+		{"raise after sustained headroom", def, node(4, time.Time{}, roomy), 5, ReasonSustainedHeadroom, DirectionUp},
+		{"raise after cooldown has passed", def, node(4, now.Add(-def.Cooldown), roomy), 5, ReasonSustainedHeadroom, DirectionUp},
+		{"raise is bounded by maxStepUp", cfg(func(c *Config) { c.MaxStepUp = 2 }),
+			node(2, time.Time{}, history(10*time.Minute, steady(8*GiB, 2, 2, map[string]uint64{"a": 4 * GiB, "b": 4 * GiB}))),
+			4, ReasonSustainedHeadroom, DirectionUp},
+		{"raise is bounded by the capacity of the footprint", cfg(func(c *Config) { c.MaxStepUp = 4 }),
+			// 43.2 GiB / 8 GiB = 5, though 43.2 - 20.5 GiB used would take two more 8 GiB pods
+			node(4, time.Time{}, roomy), 5, ReasonSustainedHeadroom, DirectionUp},
+		{"raise is bounded by the headroom of the tightest sample", cfg(func(c *Config) { c.MaxStepUp = 4 }),
+			// 43.2 GiB target - 38 GiB used leaves room for two 2 GiB pods
+			node(2, time.Time{}, with(history(10*time.Minute, steady(4*GiB, 2, 2, map[string]uint64{"a": 2 * GiB, "b": 2 * GiB})),
+				func(i int, _ Sample) bool { return i == 7 }, func(s *Sample) { s.MemoryUsedBytes = 38 * GiB })),
+			4, ReasonSustainedHeadroom, DirectionUp},
+		{"hold in cooldown", def, node(4, now.Add(-def.Cooldown+time.Second), roomy), 4, ReasonCooldown, DirectionNone},
+		{"insufficient history: window half covered", def,
+			node(4, time.Time{}, history(5*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))), 4, ReasonInsufficientHistory, DirectionNone},
+		{"insufficient history: a gap of three intervals", def,
+			node(4, time.Time{}, append(append([]Sample{}, roomy[:10]...), roomy[13:]...)), 4, ReasonInsufficientHistory, DirectionNone},
+		{"insufficient history: stale samples", def,
+			node(4, time.Time{}, roomy[:len(roomy)-3]), 4, ReasonInsufficientHistory, DirectionNone},
+		{"one lost scrape is tolerated", def,
+			node(4, time.Time{}, append(append([]Sample{}, roomy[:10]...), roomy[11:]...)), 5, ReasonSustainedHeadroom, DirectionUp},
+		{"no raise while the change is not advertised yet", def,
+			node(5, time.Time{}, roomy), 5, ReasonAwaitingApply, DirectionNone},
+		{"no raise without a footprint", def,
+			node(4, time.Time{}, history(10*time.Minute, steady(GiB, 0, 4, nil))), 4, ReasonNoWorkload, DirectionNone},
+		{"no raise past the capacity of the footprint", def,
+			// 43.2 GiB / 18 GiB = 2
+			node(2, time.Time{}, history(10*time.Minute, steady(20*GiB, 2, 2, map[string]uint64{"train": 18 * GiB, "ffmpeg": GiB}))),
+			2, ReasonAtCapacity, DirectionNone},
+		{"no raise when one sample lacked room", def,
+			node(4, time.Time{}, with(roomy, func(i int, _ Sample) bool { return i == 20 }, func(s *Sample) { s.MemoryUsedBytes = 36 * GiB })),
+			4, ReasonInsufficientHeadroom, DirectionNone},
+		{"no raise while an OOM is in the window", def,
+			node(4, time.Time{}, with(roomy, func(i int, _ Sample) bool { return i == 2 }, oomAt(5))), 4, ReasonRecentOOM, DirectionNone},
+		{"an OOM older than the window is forgotten", def,
+			node(4, time.Time{}, append([]Sample{{Time: now.Add(-11 * time.Minute), MemoryTotalBytes: a6000, OOMEvents: 3, ReplicasAllocated: 2}}, roomy...)),
+			5, ReasonSustainedHeadroom, DirectionUp},
+		{"lower at once on an OOM", def,
+			node(6, now.Add(-time.Minute), with(roomy, last(1), oomAt(6))), 5, ReasonGPUOOM, DirectionDown},
+		{"lower on an OOM below a count that was already lowered", def,
+			node(8, now.Add(-time.Minute), with(roomy, last(1), oomAt(5))), 4, ReasonGPUOOM, DirectionDown},
+		{"the same crashing mix does not ratchet the count down", def,
+			node(5, now.Add(-time.Minute), with(roomy, last(8), oomAt(6))), 5, ReasonRecentOOM, DirectionNone},
+		{"a new OOM at a smaller mix lowers further", def,
+			node(5, now.Add(-time.Minute), with(with(roomy, last(8), oomAt(6)), last(1), oomAt(4))), 3, ReasonGPUOOM, DirectionDown},
+		{"an OOM with an unknown allocation lowers the current count by one", def,
+			node(6, time.Time{}, with(roomy, last(1), oomAt(0))), 5, ReasonGPUOOM, DirectionDown},
+		{"an OOM never lowers below minReplicas", cfg(func(c *Config) { c.MinReplicas = 2 }),
+			node(3, time.Time{}, with(roomy, last(1), oomAt(2))), 2, ReasonGPUOOM, DirectionDown},
+		{"an OOM may make the GPU exclusive", def,
+			node(2, time.Time{}, with(roomy, last(1), oomAt(2))), 1, ReasonGPUOOM, DirectionDown},
+		{"an OOM is not held back by a recent change", def,
+			node(6, now.Add(-10*time.Second), with(roomy, last(1), oomAt(6))), 5, ReasonGPUOOM, DirectionDown},
+		{"lower on sustained pressure", def, node(6, time.Time{}, pressured), 5, ReasonMemoryPressure, DirectionDown},
+		{"pressure with free replicas stops admissions", def,
+			node(8, time.Time{}, with(pressured, func(int, Sample) bool { return true }, func(s *Sample) { s.ReplicasAdvertised, s.ReplicasAllocated = 8, 3 })),
+			3, ReasonMemoryPressure, DirectionDown},
+		{"pressure guard: no second lowering within pressureWindow", def,
+			node(6, now.Add(-def.PressureWindow+time.Second), pressured), 6, ReasonMemoryPressureGuard, DirectionNone},
+		{"pressure shorter than pressureWindow is not sustained", def,
+			node(4, time.Time{}, history(10*time.Minute, func(i int, t time.Time) Sample {
+				s := steady(servicesUsed, 4, 4, servicePeaks)(i, t)
+				if t.After(now.Add(-def.PressureWindow + 15*time.Second)) {
+					s.MemoryUsedBytes = uint64(0.97 * float64(a6000))
+				}
+				return s
+			})), 4, ReasonInsufficientHeadroom, DirectionNone},
+		{"above maxReplicas", def, node(10, time.Time{}, roomy), 8, ReasonAboveMaximum, DirectionDown},
+		{"OOM below maxReplicas names the OOM", def, node(10, time.Time{}, with(roomy, last(1), oomAt(7))), 6, ReasonGPUOOM, DirectionDown},
+		{"below minReplicas", cfg(func(c *Config) { c.MinReplicas = 3 }), node(2, time.Time{}, nil), 3, ReasonBelowMinimum, DirectionUp},
+		{"at maxReplicas", cfg(func(c *Config) { c.MaxReplicas = 4 }), node(4, time.Time{}, roomy), 4, ReasonAtMaximum, DirectionNone},
+		{"exclusive stays exclusive when min = max = 1", cfg(func(c *Config) { c.MinReplicas, c.MaxReplicas = 1, 1 }),
+			node(1, time.Time{}, history(10*time.Minute, steady(4*GiB, 1, 1, map[string]uint64{"a": 4 * GiB}))), 1, ReasonAtMaximum, DirectionNone},
+		{"no GPUs", def, Observation{Node: "cpu-only", Now: now, CurrentReplicas: 4}, 4, ReasonNoGPUs, DirectionNone},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			d := Decide(tc.cfg, tc.obs)
+			if d.Replicas != tc.replicas || d.Reason != tc.reason || d.Direction != tc.direction {
+				t.Errorf("Decide = %d %s %q, want %d %s %q\nmessage: %s",
+					d.Replicas, d.Reason, d.Direction, tc.replicas, tc.reason, tc.direction, d.Message)
+			}
+			if d.Message == "" {
+				t.Error("empty message")
+			}
+		})
+	}
+}
+
+func TestDecideFootprintAndMessage(t *testing.T) {
+	d := Decide(DefaultConfig(), node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))))
+	if d.FootprintBytes != 8*GiB {
+		t.Errorf("footprint = %d, want the largest container peak %d", d.FootprintBytes, 8*GiB)
+	}
+	for _, want := range []string{"GPU-a6000", "8.0 GiB", "20.5 GiB", "4 -> 5"} {
+		if !strings.Contains(d.Message, want) {
+			t.Errorf("message %q lacks %q", d.Message, want)
+		}
+	}
+	// A container peak seen once, 9 minutes ago, still sizes the raise.
+	ss := history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
+	ss[4].ContainerPeaks = map[string]uint64{"batch/train/train": 18 * GiB}
+	if d := Decide(DefaultConfig(), node(4, time.Time{}, ss)); d.FootprintBytes != 18*GiB || d.Reason != ReasonAtCapacity {
+		t.Errorf("got footprint %d reason %s, want 18 GiB AtCapacity (%s)", d.FootprintBytes, d.Reason, d.Message)
+	}
+}
+
+// Alternating pressure and headroom, sample by sample, must neither lower
+// (pressure is not sustained) nor raise (headroom is not sustained), round
+// after round.
+func TestDecideFlappingInputDoesNotOscillate(t *testing.T) {
+	cfg := DefaultConfig()
+	tight := uint64(0.97 * float64(a6000))
+	var ss []Sample
+	cur, lastChange, changes := 4, time.Time{}, 0
+	start := now.Add(-2 * time.Hour)
+	for i := 0; i < 8*60*4; i++ { // 8 hours of 15 s rounds
+		at := start.Add(time.Duration(i) * 15 * time.Second)
+		used := servicesUsed
+		if i%2 == 1 {
+			used = tight
+		}
+		ss = append(ss, Sample{Time: at, MemoryTotalBytes: a6000, MemoryUsedBytes: used, ContainerPeaks: servicePeaks,
+			ReplicasAdvertised: cur, ReplicasAllocated: 4})
+		ss = within(ss, at.Add(-cfg.Window), at)
+		d := Decide(cfg, Observation{Node: "n", Now: at, CurrentReplicas: cur, LastChange: lastChange,
+			GPUs: []GPUObservation{{UUID: "GPU-0", Samples: ss}}})
+		if d.Replicas != cur {
+			changes++
+			cur, lastChange = d.Replicas, at
+			t.Logf("round %d: %s %s", i, d.Reason, d.Message)
+		}
+	}
+	if changes != 0 || cur != 4 {
+		t.Errorf("%d changes, ended at %d replicas; want 0 changes at 4", changes, cur)
+	}
+}
+
+func TestDecideTightestGPUHoldsTheNode(t *testing.T) {
+	roomy := history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
+	tight := history(10*time.Minute, steady(40*GiB, 4, 4, servicePeaks))
+	gpus := []GPUObservation{{UUID: "GPU-0", Samples: roomy}, {UUID: "GPU-1", Samples: tight}, {UUID: "GPU-2", Samples: roomy}}
+	obs := Observation{Node: "n", Now: now, CurrentReplicas: 4, GPUs: gpus}
+	d := Decide(DefaultConfig(), obs)
+	if d.Replicas != 4 || d.Reason != ReasonInsufficientHeadroom || d.GPU != "GPU-1" || !strings.HasPrefix(d.Message, "GPU-1: ") {
+		t.Errorf("got %+v, want GPU-1 holding at 4 for InsufficientHeadroom", d)
+	}
+	// Without the tight GPU the same node is raised.
+	obs.GPUs = []GPUObservation{gpus[0], gpus[2]}
+	if d := Decide(DefaultConfig(), obs); d.Replicas != 5 {
+		t.Errorf("without the tight GPU got %d (%s), want 5", d.Replicas, d.Reason)
+	}
+	// One GPU's OOM lowers the node even though the others have room.
+	obs.GPUs = []GPUObservation{gpus[0], {UUID: "GPU-3", Samples: with(roomy, last(1), func(s *Sample) { s.OOMEvents = 2 })}}
+	if d := Decide(DefaultConfig(), obs); d.Replicas != 3 || d.Reason != ReasonGPUOOM || d.GPU != "GPU-3" {
+		t.Errorf("with an OOM on GPU-3 got %+v, want 3 GPUOOM GPU-3", d)
+	}
+}
+
+func TestDecidePerNodeIndependence(t *testing.T) {
+	cfg := DefaultConfig()
+	roomy := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks)))
+	crashed := node(6, time.Time{}, with(history(10*time.Minute, steady(servicesUsed, 6, 6, servicePeaks)), last(1),
+		func(s *Sample) { s.OOMEvents = 1 }))
+	roomy.Node, crashed.Node = "node-a", "node-b"
+
+	alone := Decide(cfg, roomy)
+	b := Decide(cfg, crashed)
+	after := Decide(cfg, roomy)
+	if alone.Replicas != 5 || b.Replicas != 5 || b.Direction != DirectionDown || alone.Direction != DirectionUp {
+		t.Errorf("node-a %d %s, node-b %d %s; want node-a up to 5, node-b down to 5", alone.Replicas, alone.Direction, b.Replicas, b.Direction)
+	}
+	if diff := cmp.Diff(alone, after); diff != "" {
+		t.Errorf("node-a's decision changed after deciding node-b (-before +after):\n%s", diff)
+	}
+}
+
+func TestDecideIsDeterministic(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var gpus []GPUObservation
+	for g := range 8 {
+		used := uint64(10+rng.IntN(30)) * GiB
+		gpus = append(gpus, GPUObservation{UUID: fmt.Sprintf("GPU-%d", g), Samples: history(10*time.Minute,
+			steady(used, 4, 4, map[string]uint64{"a": uint64(1+rng.IntN(8)) * GiB, "b": uint64(1+rng.IntN(8)) * GiB}))})
+	}
+	obs := Observation{Node: "n", Now: now, CurrentReplicas: 4, GPUs: gpus}
+	first := Decide(DefaultConfig(), obs)
+	for range 20 {
+		shuffled := append([]GPUObservation{}, gpus...)
+		rng.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+		obs.GPUs = shuffled
+		if diff := cmp.Diff(first, Decide(DefaultConfig(), obs)); diff != "" {
+			t.Fatalf("decision depends on GPU order (-first +now):\n%s", diff)
+		}
+	}
+}
+
+// BenchmarkDecideRound is one decision round of a 100-node cluster with 8
+// GPUs per node, each carrying a 10-minute window of 15 s samples.
+func BenchmarkDecideRound(b *testing.B) {
+	cfg := DefaultConfig()
+	nodes := make([]Observation, 100)
+	for n := range nodes {
+		gpus := make([]GPUObservation, 8)
+		for g := range gpus {
+			peaks := map[string]uint64{}
+			for c := range 6 {
+				peaks[fmt.Sprintf("ns/pod-%d-%d/c", g, c)] = uint64(1+(n+g+c)%7) * GiB
+			}
+			gpus[g] = GPUObservation{UUID: fmt.Sprintf("GPU-%d-%d", n, g),
+				Samples: history(10*time.Minute, steady(uint64(10+(n*g)%30)*GiB, 6, 6, peaks))}
+		}
+		nodes[n] = Observation{Node: fmt.Sprintf("node-%d", n), Now: now, CurrentReplicas: 6, GPUs: gpus}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, obs := range nodes {
+			Decide(cfg, obs)
+		}
+	}
+}
