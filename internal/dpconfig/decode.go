@@ -1,0 +1,307 @@
+package dpconfig
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Field names of the document, as NVIDIA spells them.
+const (
+	keyVersion    = "version"
+	keyFlags      = "flags"
+	keyMig        = "migStrategy"
+	keySharing    = "sharing"
+	keyTimeSlice  = "timeSlicing"
+	keyMPS        = "mps"
+	keyRenameDef  = "renameByDefault"
+	keyFailGT1    = "failRequestsGreaterThanOne"
+	keyResources  = "resources"
+	keyName       = "name"
+	keyRename     = "rename"
+	keyDevices    = "devices"
+	keyReplicas   = "replicas"
+	resourceNS    = "nvidia.com/"
+	pathTimeSlice = keySharing + "." + keyTimeSlice
+	pathResources = pathTimeSlice + "." + keyResources
+)
+
+// lineMap remembers the line of every field path decode saw, so that errors
+// found later by validate can point into the document.
+type lineMap map[string]int
+
+// find returns the line of path or of its nearest ancestor.
+func (m lineMap) find(path string) int {
+	for path != "" {
+		if l, ok := m[path]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(path, ".[")
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return 0
+}
+
+// decoder walks the YAML tree of a config and collects what it says and
+// every type error in it.
+type decoder struct {
+	lines lineMap
+	errs  Errors
+}
+
+func (d *decoder) fail(path string, n *yaml.Node, format string, args ...any) {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	d.errs = append(d.errs, &FieldError{Path: path, Line: line, Msg: fmt.Sprintf(format, args...)})
+}
+
+func decode(doc *yaml.Node) (Config, lineMap, Errors) {
+	d := &decoder{lines: lineMap{}}
+	c := Config{Version: Version, MigStrategy: "none"}
+	if len(doc.Content) == 0 {
+		return c, d.lines, nil
+	}
+	root := resolve(doc.Content[0])
+	if isNull(root) {
+		return c, d.lines, nil
+	}
+	top := d.mapping(root, "")
+	if top == nil {
+		return c, d.lines, d.errs
+	}
+	if v := top[keyVersion]; v != nil {
+		if s, ok := d.str(v, keyVersion); ok {
+			c.Version = s
+		}
+	}
+	if flags := d.mapping(top[keyFlags], keyFlags); flags != nil {
+		if v := flags[keyMig]; v != nil {
+			if s, ok := d.str(v, keyFlags+"."+keyMig); ok {
+				c.MigStrategy = s
+			}
+		}
+	}
+	sharing := d.mapping(top[keySharing], keySharing)
+	if sharing == nil {
+		return c, d.lines, d.errs
+	}
+	c.MPS = sharing[keyMPS] != nil
+	ts := d.mapping(sharing[keyTimeSlice], pathTimeSlice)
+	if ts == nil {
+		return c, d.lines, d.errs
+	}
+	if v := ts[keyRenameDef]; v != nil {
+		c.RenameByDefault, _ = d.boolean(v, pathTimeSlice+"."+keyRenameDef)
+	}
+	if v := ts[keyFailGT1]; v != nil {
+		c.FailRequestsGreaterThanOne, _ = d.boolean(v, pathTimeSlice+"."+keyFailGT1)
+	}
+	res := ts[keyResources]
+	if res == nil || (res.Kind == yaml.SequenceNode && len(res.Content) == 0) {
+		d.fail(pathResources, res, "no resources specified (leave out sharing.timeSlicing for exclusive GPUs)")
+		return c, d.lines, d.errs
+	}
+	if res.Kind != yaml.SequenceNode {
+		d.fail(pathResources, res, "must be a list, got %s", describe(res))
+		return c, d.lines, d.errs
+	}
+	for i, item := range res.Content {
+		path := fmt.Sprintf("%s[%d]", pathResources, i)
+		d.lines[path] = item.Line
+		if r, ok := d.resource(resolve(item), path); ok {
+			c.Resources = append(c.Resources, r)
+		}
+	}
+	return c, d.lines, d.errs
+}
+
+func (d *decoder) resource(n *yaml.Node, path string) (Resource, bool) {
+	var r Resource
+	fields := d.mapping(n, path)
+	if fields == nil {
+		if !isNull(n) {
+			return r, false
+		}
+		d.fail(path, n, "empty resource")
+		return r, false
+	}
+	before := len(d.errs)
+	if v := fields[keyName]; v != nil {
+		if s, ok := d.str(v, path+"."+keyName); ok {
+			r.Name = qualify(s)
+		}
+	} else {
+		d.fail(path+"."+keyName, n, "no resource name specified")
+	}
+	if v := fields[keyRename]; v != nil {
+		if s, ok := d.str(v, path+"."+keyRename); ok {
+			r.Rename = qualify(s)
+		}
+	}
+	if v := fields[keyDevices]; v != nil {
+		r.Devices = d.devices(v, path+"."+keyDevices)
+	} else {
+		r.Devices.All = true // NVIDIA's default
+	}
+	if v := fields[keyReplicas]; v != nil {
+		r.Replicas, _ = d.integer(v, path+"."+keyReplicas)
+	} else {
+		d.fail(path+"."+keyReplicas, n, "no replicas specified")
+	}
+	return r, len(d.errs) == before
+}
+
+func (d *decoder) devices(n *yaml.Node, path string) Devices {
+	var dv Devices
+	switch {
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str":
+		if n.Value != "all" {
+			d.fail(path, n, "devices set as %q but the only valid string is \"all\"", n.Value)
+		}
+		dv.All = true
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!int":
+		dv.Count, _ = d.integer(n, path)
+		if dv.Count <= 0 {
+			d.fail(path, n, "a count of devices must be > 0, got %s", n.Value)
+		}
+	case n.Kind == yaml.SequenceNode:
+		dv.List = make([]string, 0, len(n.Content))
+		for j, it := range n.Content {
+			it = resolve(it)
+			ipath := fmt.Sprintf("%s[%d]", path, j)
+			d.lines[ipath] = it.Line
+			switch {
+			case it.Kind == yaml.ScalarNode && it.ShortTag() == "!!int":
+				if v, ok := d.integer(it, ipath); ok {
+					dv.List = append(dv.List, strconv.Itoa(v))
+				}
+			case it.Kind == yaml.ScalarNode && it.ShortTag() == "!!str":
+				dv.List = append(dv.List, it.Value)
+			default:
+				d.fail(ipath, it, "must be a GPU index or UUID, got %s", describe(it))
+			}
+		}
+	default:
+		d.fail(path, n, "must be \"all\", a count or a list, got %s", describe(n))
+	}
+	return dv
+}
+
+// mapping returns the entries of a mapping node by key, nil for an absent or
+// null node (and, with an error, for anything else). Duplicate keys and merge
+// keys are errors: NVIDIA's reader would keep one of them silently.
+func (d *decoder) mapping(n *yaml.Node, path string) map[string]*yaml.Node {
+	n = resolve(n)
+	if isNull(n) {
+		return nil
+	}
+	if path != "" {
+		if _, seen := d.lines[path]; !seen {
+			d.lines[path] = n.Line
+		}
+	}
+	if n.Kind != yaml.MappingNode {
+		d.fail(path, n, "must be a mapping, got %s", describe(n))
+		return nil
+	}
+	out := make(map[string]*yaml.Node, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		kpath := join(path, k.Value)
+		if k.Kind != yaml.ScalarNode {
+			d.fail(path, k, "keys must be plain strings")
+			continue
+		}
+		if k.ShortTag() == "!!merge" {
+			d.fail(kpath, k, "merge keys (<<) are not supported")
+			continue
+		}
+		if _, dup := out[k.Value]; dup {
+			d.fail(kpath, k, "key %q defined twice", k.Value)
+			continue
+		}
+		d.lines[kpath] = k.Line
+		if isNull(v) {
+			v = nil // an empty value reads as an absent field
+		}
+		out[k.Value] = v
+	}
+	return out
+}
+
+func (d *decoder) str(n *yaml.Node, path string) (string, bool) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		d.fail(path, n, "must be a string, got %s", describe(n))
+		return "", false
+	}
+	return n.Value, true
+}
+
+func (d *decoder) boolean(n *yaml.Node, path string) (bool, bool) {
+	var b bool
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || n.Decode(&b) != nil {
+		d.fail(path, n, "must be true or false, got %s", describe(n))
+		return false, false
+	}
+	return b, true
+}
+
+func (d *decoder) integer(n *yaml.Node, path string) (int, bool) {
+	var v int
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		d.fail(path, n, "must be an integer, got %s", describe(n))
+		return 0, false
+	}
+	if err := n.Decode(&v); err != nil {
+		d.fail(path, n, "integer %s out of range", n.Value)
+		return 0, false
+	}
+	return v, true
+}
+
+func resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n != nil && n.Kind == yaml.AliasNode && i < 100; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yaml.Node) bool {
+	return n == nil || (n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null")
+}
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%s %q", strings.TrimPrefix(n.ShortTag(), "!!"), n.Value)
+	default:
+		return "an alias"
+	}
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// qualify adds NVIDIA's resource prefix to a name written without it, as
+// NVIDIA's plugin does.
+func qualify(name string) string {
+	if strings.HasPrefix(name, resourceNS) {
+		return name
+	}
+	return resourceNS + name
+}
