@@ -1,0 +1,357 @@
+// Package oom detects GPU out-of-memory failures of containers, so that the
+// exporter can count them per container in gpuslice_gpu_oom_events_total.
+//
+// It looks in two places. Source "log": the container logs the kubelet keeps
+// under /var/log/pods, read incrementally (an offset per file) and matched
+// line by line against DefaultPatterns. Source "termination": the terminated
+// states the kubelet reports in pod status, whose Message holds the end of the
+// log when the container uses terminationMessagePolicy FallbackToLogsOnError.
+//
+// What counts as one event:
+//
+//   - Collapse rule (log): a training job's traceback usually prints several
+//     matching lines for one failure ("torch.OutOfMemoryError: CUDA out of
+//     memory. Tried to allocate …", later "RuntimeError: CUDA error: out of
+//     memory"). A matching line of a container instance counts as a new event
+//     only when its log time is at least Config.CollapseWindow (default 5 s)
+//     away from the last event counted for that instance; lines closer than
+//     that belong to the event already counted. The window is anchored at the
+//     counted event, not slid along the lines, so a job that keeps failing and
+//     retrying still yields one event every window. Log time is the CRI
+//     timestamp; plain lines have none and take the time of the Scan that
+//     read them.
+//   - Termination: a terminated state whose Reason or Message matches is one
+//     event per (PodUID, Container, Instance).
+//   - Across sources: an instance whose OOM was counted from its log does not
+//     count again from its termination, and an instance counted from its
+//     termination does not count again from its log.
+//
+// History is not counted: log files that exist at the first Scan are read
+// from their end, and terminations that finished before NewDetector are
+// ignored, so restarting the exporter does not fire alerts again.
+package oom
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Container names one container of a pod. PodUID and the names build the
+// kubelet's log directory <PodLogsDir>/<Namespace>_<Pod>_<PodUID>/<Container>;
+// for a static pod that is the UID in its kubernetes.io/config.mirror
+// annotation, not the mirror pod's own UID.
+type Container struct {
+	Namespace, Pod, PodUID, Container string
+}
+
+// Source says where an event was found; it is the metric's source label.
+type Source string
+
+// The two sources.
+const (
+	SourceLog         Source = "log"
+	SourceTermination Source = "termination"
+)
+
+// Event is one GPU out-of-memory failure of a container instance.
+type Event struct {
+	Container Container
+	// Instance is the restart count of the container instance that failed:
+	// N of its log file N.log, or the Instance of its Termination.
+	Instance int
+	Source   Source
+	// Message is the matching line, trimmed to about 512 bytes.
+	Message string
+	// Time is the log time of the line (its CRI timestamp, or the Scan's time
+	// for a plain line), or the termination's FinishedAt.
+	Time time.Time
+}
+
+// Termination is a container's terminated state as the pod status reports it:
+// state.terminated (Instance = restartCount) or lastState.terminated
+// (Instance = restartCount-1).
+type Termination struct {
+	Container  Container
+	Instance   int
+	Reason     string
+	Message    string
+	ExitCode   int32
+	FinishedAt time.Time
+}
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultMaxReadBytes   = 1 << 20
+	DefaultCollapseWindow = 5 * time.Second
+	DefaultForgetAfter    = 10 * time.Minute
+)
+
+// Config configures a Detector.
+type Config struct {
+	// PodLogsDir is the kubelet's pod log directory, normally /var/log/pods.
+	// Empty turns the log source off: only terminations are checked.
+	PodLogsDir string
+	// Patterns are regular expressions (Go RE2 syntax); nil means
+	// DefaultPatterns.
+	Patterns []string
+	// MaxReadBytes bounds what one Scan reads from one file, so that a
+	// container that logs a lot delays its own detection, not the scrape;
+	// the rest is read by later Scans. Zero means DefaultMaxReadBytes.
+	MaxReadBytes int64
+	// CollapseWindow is the log time within which matching lines of one
+	// container instance are one event (see the package comment). Zero means
+	// DefaultCollapseWindow.
+	CollapseWindow time.Duration
+	// ForgetAfter is how long the state of a container that no Scan has
+	// named (in containers or terms) is kept. It must outlast a gap in the
+	// exporter's pod list: a container named again after it was forgotten
+	// has its log files read again from the start. Zero means
+	// DefaultForgetAfter.
+	ForgetAfter time.Duration
+	// Logger receives the problems that Scan skips over; nil discards them.
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// ErrPodLogsDir is wrapped by Scan's error when PodLogsDir cannot be read.
+var ErrPodLogsDir = errors.New("pod log directory unreadable")
+
+// Detector finds new GPU OOM events at every Scan. Scan must not be called
+// concurrently (the exporter calls it from one collector); Match may be.
+type Detector struct {
+	root        string
+	matcher     *matcher
+	maxRead     int64
+	window      time.Duration
+	forgetAfter time.Duration
+	log         *slog.Logger
+	now         func() time.Time
+	start       time.Time
+
+	// baseline holds, from the first Scan that could read root, the size of
+	// every log file then present, keyed by path: where reading starts when
+	// the file's container is first named, at that Scan or later.
+	baseline   map[string]fileMark
+	started    bool
+	containers map[Container]*containerState
+	buf        []byte // read buffer, reused across files and Scans
+}
+
+// NewDetector checks cfg and returns a Detector whose start time, before
+// which terminations are not counted, is now.
+func NewDetector(cfg Config) (*Detector, error) {
+	patterns := cfg.Patterns
+	if patterns == nil {
+		patterns = DefaultPatterns
+	}
+	m, err := newMatcher(patterns)
+	if err != nil {
+		return nil, err
+	}
+	d := &Detector{
+		root:        cfg.PodLogsDir,
+		matcher:     m,
+		maxRead:     orDefault(cfg.MaxReadBytes, DefaultMaxReadBytes),
+		window:      orDefault(cfg.CollapseWindow, DefaultCollapseWindow),
+		forgetAfter: orDefault(cfg.ForgetAfter, DefaultForgetAfter),
+		log:         cfg.Logger,
+		now:         cfg.Now,
+		containers:  map[Container]*containerState{},
+	}
+	switch {
+	case d.maxRead < 0:
+		return nil, fmt.Errorf("oom: MaxReadBytes %d is negative", cfg.MaxReadBytes)
+	case d.window < 0:
+		return nil, fmt.Errorf("oom: CollapseWindow %v is negative", cfg.CollapseWindow)
+	case d.forgetAfter < 0:
+		return nil, fmt.Errorf("oom: ForgetAfter %v is negative", cfg.ForgetAfter)
+	}
+	if d.log == nil {
+		d.log = slog.New(slog.DiscardHandler)
+	}
+	if d.now == nil {
+		d.now = time.Now
+	}
+	d.start = d.now()
+	return d, nil
+}
+
+func orDefault[T int64 | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Match reports whether line matches one of the detector's patterns.
+func (d *Detector) Match(line string) bool {
+	return d.matcher.match([]byte(line))
+}
+
+// Scan returns the events that appeared since the last Scan: new matching
+// lines in the logs of containers, and terms that match. Pass every container
+// and termination each time; what was counted before is not returned again.
+//
+// Problems with single files are logged and skipped. The error is non-nil
+// only when PodLogsDir itself cannot be read; the events are then still those
+// of terms, and the caller must count them all the same.
+func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, error) {
+	now := d.now()
+	var events []Event
+	var err error
+	if d.root != "" {
+		if err = d.checkRoot(); err == nil {
+			if !d.started {
+				d.takeBaseline()
+				d.started = true
+			}
+			for _, c := range containers {
+				cs := d.state(c, now)
+				events = d.scanContainer(cs, now, events)
+			}
+		}
+	}
+	for _, t := range terms {
+		if ev, ok := d.termination(d.state(t.Container, now), t); ok {
+			events = append(events, ev)
+		}
+	}
+	for c, cs := range d.containers {
+		if now.Sub(cs.lastSeen) > d.forgetAfter {
+			delete(d.containers, c)
+		}
+	}
+	return events, err
+}
+
+func (d *Detector) checkRoot() error {
+	f, err := os.Open(d.root)
+	if err == nil {
+		// Open succeeds on a plain file or an unlistable directory; reading
+		// one name shows that the directory can really be listed.
+		_, err = f.Readdirnames(1)
+		f.Close()
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("oom: %w: %s: %w", ErrPodLogsDir, d.root, err)
+	}
+	return nil
+}
+
+// containerState is what the detector keeps per container between Scans.
+type containerState struct {
+	c        Container
+	lastSeen time.Time
+	streams  []*stream // one per log file N.log, by N
+	// instances holds the de-duplication state of recent instances;
+	// maxInstance bounds it.
+	instances   map[int]*instanceState
+	maxInstance int
+	lastErr     string // the last problem logged, so a lasting one is logged once
+}
+
+type instanceState struct {
+	logCounted  bool
+	termCounted bool
+	lastLog     time.Time // log time of the last event counted from the log
+}
+
+// keptInstances is how many instances below the highest one seen keep their
+// de-duplication state. Pod status reports only the current and the previous
+// instance, and the kubelet keeps the logs of no more.
+const keptInstances = 4
+
+func (d *Detector) state(c Container, now time.Time) *containerState {
+	cs := d.containers[c]
+	if cs == nil {
+		cs = &containerState{c: c, instances: map[int]*instanceState{}}
+		d.containers[c] = cs
+	}
+	cs.lastSeen = now
+	return cs
+}
+
+func (cs *containerState) instance(n int) *instanceState {
+	if is := cs.instances[n]; is != nil {
+		return is
+	}
+	is := &instanceState{}
+	cs.instances[n] = is
+	if n > cs.maxInstance {
+		cs.maxInstance = n
+		for old := range cs.instances {
+			if old < n-keptInstances {
+				delete(cs.instances, old)
+			}
+		}
+	}
+	return is
+}
+
+// logf logs a problem with a container's files unless it is the same as the
+// last one logged for that container.
+func (d *Detector) logf(cs *containerState, msg string, args ...any) {
+	key := fmt.Sprint(append([]any{msg}, args...)...)
+	if key == cs.lastErr {
+		return
+	}
+	cs.lastErr = key
+	d.log.Warn(msg, append([]any{"namespace", cs.c.Namespace, "pod", cs.c.Pod, "container", cs.c.Container}, args...)...)
+}
+
+// logEvent counts a matching log line of instance n unless the collapse rule
+// or the cross-source rule says it was counted already.
+func (d *Detector) logEvent(cs *containerState, n int, ts time.Time, line []byte, events []Event) []Event {
+	is := cs.instance(n)
+	if is.termCounted {
+		return events
+	}
+	if is.logCounted {
+		gap := ts.Sub(is.lastLog)
+		if gap < d.window && gap > -d.window {
+			return events
+		}
+	}
+	is.logCounted = true
+	is.lastLog = ts
+	return append(events, Event{
+		Container: cs.c,
+		Instance:  n,
+		Source:    SourceLog,
+		Message:   d.matcher.excerpt(line),
+		Time:      ts,
+	})
+}
+
+func (d *Detector) termination(cs *containerState, t Termination) (Event, bool) {
+	if t.FinishedAt.Before(d.start) {
+		return Event{}, false
+	}
+	is := cs.instance(t.Instance)
+	if is.termCounted || is.logCounted {
+		return Event{}, false
+	}
+	msg, ok := d.matcher.firstMatchingLine(t.Reason)
+	if !ok {
+		msg, ok = d.matcher.firstMatchingLine(t.Message)
+	}
+	if !ok {
+		return Event{}, false
+	}
+	is.termCounted = true
+	return Event{
+		Container: t.Container,
+		Instance:  t.Instance,
+		Source:    SourceTermination,
+		Message:   msg,
+		Time:      t.FinishedAt,
+	}, true
+}

@@ -1,0 +1,423 @@
+package oom
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The kubelet's pod log layout:
+//
+//	<PodLogsDir>/<namespace>_<pod>_<pod uid>/<container>/<N>.log
+//
+// N is the container's restart count. When the kubelet rotates a log it
+// renames N.log to N.log.<YYYYMMDD-hhmmss>, has the runtime reopen N.log
+// (a new file, a new inode), and later gzips older rotated files (.gz, never
+// read here). Runtimes write the CRI format (see criLine).
+
+type ident struct{ dev, ino uint64 }
+
+var errNotRegular = errors.New("not a regular file")
+
+type fileMark struct {
+	id   ident
+	size int64
+}
+
+// maxLineBytes bounds what is kept of one line while waiting for its end
+// (a line without a newline yet, or CRI partials waiting for their F line).
+// The runtime cuts lines at 16 KiB, so only unusual plain writers reach it.
+const maxLineBytes = 64 << 10
+
+// overlapBytes is what is kept of a joined partial line that outgrew
+// maxLineBytes after it was matched, so that a match spanning the cut is
+// still seen. A match found twice is one event by the collapse rule, since
+// both carry the same log time.
+const overlapBytes = 4 << 10
+
+// tailFile is one log file being read.
+type tailFile struct {
+	path string // "" once rotated away and not located yet
+	id   ident
+	off  int64
+	// carry is the start of a line whose newline has not been read yet;
+	// overflow drops the rest of a line longer than maxLineBytes.
+	carry    []byte
+	overflow bool
+}
+
+// stream is the log of one container instance: the file now at N.log and
+// the rotated files whose ends have not been read yet. Reading is in order,
+// so an older file is finished before a newer one is started.
+type stream struct {
+	instance int
+	path     string
+	cur      *tailFile   // nil while N.log is missing
+	old      []*tailFile // rotated away, oldest first
+	parts    [2]partial  // CRI partial lines being joined, per output stream
+	lastErr  string
+}
+
+type partial struct {
+	active bool
+	ts     time.Time
+	buf    []byte
+}
+
+// scan is the state of one container during one Scan.
+type scan struct {
+	cs     *containerState
+	dir    string
+	names  []string // the directory's entries, listed again when stale
+	now    time.Time
+	events []Event
+}
+
+func containerDir(root string, c Container) string {
+	return filepath.Join(root, c.Namespace+"_"+c.Pod+"_"+c.PodUID, c.Container)
+}
+
+// instanceOf parses a current log file name "N.log".
+func instanceOf(name string) (int, bool) {
+	digits, ok := strings.CutSuffix(name, ".log")
+	if !ok || digits == "" || digits[0] == '+' || digits[0] == '-' {
+		return 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	return n, err == nil
+}
+
+func readDirNames(dir string) ([]string, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// takeBaseline records the size of every log file present now, so that
+// history is not read as new, whenever its container is first named.
+func (d *Detector) takeBaseline() {
+	d.baseline = map[string]fileMark{}
+	pods, err := readDirNames(d.root)
+	if err != nil {
+		d.log.Warn("listing pod log directory", "path", d.root, "err", err)
+		return
+	}
+	for _, pod := range pods {
+		podDir := filepath.Join(d.root, pod)
+		ctrs, err := readDirNames(podDir)
+		if err != nil {
+			continue // a stray file, or a pod directory going away
+		}
+		for _, ctr := range ctrs {
+			dir := filepath.Join(podDir, ctr)
+			names, err := readDirNames(dir)
+			if err != nil {
+				continue
+			}
+			for _, name := range names {
+				if _, ok := instanceOf(name); !ok {
+					continue
+				}
+				path := filepath.Join(dir, name)
+				if fi, err := os.Stat(path); err == nil && fi.Mode().IsRegular() {
+					d.baseline[path] = fileMark{id: identOf(fi), size: fi.Size()}
+				}
+			}
+		}
+	}
+}
+
+func (d *Detector) scanContainer(cs *containerState, now time.Time, events []Event) []Event {
+	if cs.c.PodUID == "" {
+		d.logf(cs, "container has no pod UID; its log is not read")
+		return events
+	}
+	dir := containerDir(d.root, cs.c)
+	names, err := readDirNames(dir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			d.logf(cs, "listing container log directory", "path", dir, "err", err)
+		}
+		// Gone (or not there yet): its files are forgotten; the de-duplication
+		// state stays until the container is no longer named.
+		cs.streams = nil
+		return events
+	}
+	added := false
+	for _, name := range names {
+		n, ok := instanceOf(name)
+		if !ok || slices.ContainsFunc(cs.streams, func(st *stream) bool { return st.instance == n }) {
+			continue
+		}
+		cs.streams = append(cs.streams, d.newStream(filepath.Join(dir, name), n))
+		added = true
+	}
+	if added {
+		slices.SortFunc(cs.streams, func(a, b *stream) int { return a.instance - b.instance })
+	}
+	sc := &scan{cs: cs, dir: dir, names: names, now: now, events: events}
+	cs.streams = slices.DeleteFunc(cs.streams, func(st *stream) bool {
+		return !d.readStream(sc, st)
+	})
+	return sc.events
+}
+
+// newStream starts following path: where the first Scan saw it end, or from
+// the beginning for a file that appeared since. A baseline mark whose inode
+// is no longer at path is a file rotated since; readStream finds it.
+func (d *Detector) newStream(path string, n int) *stream {
+	st := &stream{instance: n, path: path}
+	if m, ok := d.baseline[path]; ok {
+		delete(d.baseline, path)
+		st.cur = &tailFile{path: path, id: m.id, off: m.size}
+	}
+	return st
+}
+
+// readStream reads what is new in one instance's log, up to maxRead bytes
+// from each of its files. It returns false once the stream has no file left.
+func (d *Detector) readStream(sc *scan, st *stream) (keep bool) {
+	fi, err := os.Stat(st.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		st.rotated()
+		defer func() { keep = len(st.old) > 0 }()
+	case err != nil:
+		d.logStream(sc, st, "reading log file", "path", st.path, "err", err)
+		return true
+	case !fi.Mode().IsRegular():
+		d.logStream(sc, st, "reading log file", "path", st.path, "err", errNotRegular)
+		return true
+	case st.cur == nil:
+		st.cur = &tailFile{path: st.path, id: identOf(fi)}
+	case st.cur.id != identOf(fi):
+		st.rotated()
+		st.cur = &tailFile{path: st.path, id: identOf(fi)}
+	case fi.Size() == st.cur.off && len(st.old) == 0:
+		return true // nothing new: the common case, one stat per file
+	}
+	relocated := false
+	for len(st.old) > 0 {
+		tf := st.old[0]
+		if tf.path == "" {
+			tf.path = d.locate(sc, st, tf.id)
+		}
+		done := tf.path == ""
+		if done {
+			d.log.Info("rotated log file not found; the rest of it is skipped",
+				"namespace", sc.cs.c.Namespace, "pod", sc.cs.c.Pod, "container", sc.cs.c.Container, "path", st.path)
+		} else {
+			var gone bool
+			done, gone = d.readFile(sc, st, tf)
+			if gone {
+				// Renamed again (compressed, say): locate it once more, and
+				// if that races too, at the next Scan.
+				tf.path = ""
+				if relocated {
+					return true
+				}
+				relocated = true
+				continue
+			}
+			if !done {
+				return true // read up to the limit; newer files wait for it
+			}
+		}
+		d.endLine(sc, st, tf)
+		st.old[0] = nil
+		st.old = st.old[1:]
+		relocated = false
+	}
+	if st.cur != nil {
+		d.readFile(sc, st, st.cur)
+	}
+	return true
+}
+
+// rotated moves the current file to the files to finish, to be found by
+// inode among the rotated siblings.
+func (st *stream) rotated() {
+	if st.cur != nil {
+		st.cur.path = ""
+		st.old = append(st.old, st.cur)
+		st.cur = nil
+	}
+}
+
+// locate finds a rotated file by its identity among N.log.<suffix>, listing
+// the directory again if the listing of this Scan is older than the rename.
+func (d *Detector) locate(sc *scan, st *stream, id ident) string {
+	prefix := filepath.Base(st.path) + "."
+	for attempt := 0; attempt < 2; attempt++ {
+		for _, name := range sc.names {
+			if !strings.HasPrefix(name, prefix) || strings.HasSuffix(name, ".gz") || strings.HasSuffix(name, ".tmp") {
+				continue
+			}
+			path := filepath.Join(sc.dir, name)
+			if fi, err := os.Stat(path); err == nil && identOf(fi) == id {
+				return path
+			}
+		}
+		names, err := readDirNames(sc.dir)
+		if err != nil {
+			return ""
+		}
+		sc.names = names
+	}
+	return ""
+}
+
+// readFile reads up to maxRead new bytes of tf and feeds its lines. done:
+// tf has been read to its end. gone: the path no longer holds tf's inode.
+func (d *Detector) readFile(sc *scan, st *stream, tf *tailFile) (done, gone bool) {
+	f, err := os.Open(tf.path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, true
+		}
+		d.logStream(sc, st, "reading log file", "path", tf.path, "err", err)
+		// A rotated file that cannot be read would hold back the current
+		// one for ever; give it up.
+		return tf != st.cur, false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		d.logStream(sc, st, "reading log file", "path", tf.path, "err", err)
+		return tf != st.cur, false
+	}
+	if identOf(fi) != tf.id {
+		// Rotated between the stat and the open; the next Scan sees it.
+		return false, tf != st.cur
+	}
+	size := fi.Size()
+	if size < tf.off {
+		d.log.Info("log file truncated; reading it again from the start",
+			"namespace", sc.cs.c.Namespace, "pod", sc.cs.c.Pod, "container", sc.cs.c.Container,
+			"path", tf.path, "size", size, "offset", tf.off)
+		tf.off, tf.carry, tf.overflow = 0, tf.carry[:0], false
+		st.parts = [2]partial{}
+	}
+	n := min(size-tf.off, d.maxRead)
+	if n <= 0 {
+		return true, false
+	}
+	if int64(cap(d.buf)) < n {
+		d.buf = make([]byte, n)
+	}
+	buf := d.buf[:n]
+	got, err := f.ReadAt(buf, tf.off)
+	if got == 0 && err != nil && !errors.Is(err, io.EOF) {
+		d.logStream(sc, st, "reading log file", "path", tf.path, "err", err)
+		return tf != st.cur, false
+	}
+	st.lastErr = ""
+	tf.off += int64(got)
+	d.feed(sc, st, tf, buf[:got])
+	return tf.off >= size, false
+}
+
+func (d *Detector) logStream(sc *scan, st *stream, msg string, args ...any) {
+	key := msg + ": " + args[len(args)-1].(error).Error()
+	if key == st.lastErr {
+		return
+	}
+	st.lastErr = key
+	d.log.Warn(msg, append([]any{"namespace", sc.cs.c.Namespace, "pod", sc.cs.c.Pod, "container", sc.cs.c.Container}, args...)...)
+}
+
+// feed splits data into lines; the bytes after the last newline wait in
+// tf.carry for the rest of their line.
+func (d *Detector) feed(sc *scan, st *stream, tf *tailFile, data []byte) {
+	for {
+		i := bytes.IndexByte(data, '\n')
+		if i < 0 {
+			tf.keep(data)
+			return
+		}
+		line := data[:i]
+		data = data[i+1:]
+		if len(tf.carry) > 0 || tf.overflow {
+			tf.keep(line)
+			line = tf.carry
+		}
+		d.line(sc, st, line)
+		tf.resetCarry()
+	}
+}
+
+func (tf *tailFile) keep(b []byte) {
+	if tf.overflow {
+		return
+	}
+	if room := maxLineBytes - len(tf.carry); len(b) > room {
+		b = b[:room]
+		tf.overflow = true
+	}
+	tf.carry = append(tf.carry, b...)
+}
+
+func (tf *tailFile) resetCarry() {
+	tf.overflow = false
+	if cap(tf.carry) > 4<<10 {
+		tf.carry = nil // give back what one long line took
+		return
+	}
+	tf.carry = tf.carry[:0]
+}
+
+// endLine treats what is left of a rotated file that will grow no more as a
+// complete line.
+func (d *Detector) endLine(sc *scan, st *stream, tf *tailFile) {
+	if len(tf.carry) > 0 {
+		d.line(sc, st, tf.carry)
+	}
+	tf.resetCarry()
+}
+
+// line handles one log line: joins CRI partials, then matches.
+func (d *Detector) line(sc *scan, st *stream, raw []byte) {
+	raw = bytes.TrimSuffix(raw, []byte("\r"))
+	l, ok := parseCRI(raw)
+	if !ok {
+		d.text(sc, st, sc.now, raw)
+		return
+	}
+	p := &st.parts[l.stream]
+	switch {
+	case l.partial:
+		if !p.active {
+			p.active, p.ts, p.buf = true, l.ts, p.buf[:0]
+		}
+		p.buf = append(p.buf, l.text...)
+		if len(p.buf) > maxLineBytes {
+			d.text(sc, st, p.ts, p.buf)
+			p.buf = append(p.buf[:0], p.buf[len(p.buf)-overlapBytes:]...)
+		}
+	case p.active:
+		p.buf = append(p.buf, l.text...)
+		d.text(sc, st, p.ts, p.buf)
+		p.active = false
+		if cap(p.buf) > 4<<10 {
+			p.buf = nil
+		}
+	default:
+		d.text(sc, st, l.ts, l.text)
+	}
+}
+
+func (d *Detector) text(sc *scan, st *stream, ts time.Time, text []byte) {
+	if d.matcher.match(text) {
+		sc.events = d.logEvent(sc.cs, st.instance, ts, text, sc.events)
+	}
+}
