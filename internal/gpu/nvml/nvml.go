@@ -1,0 +1,425 @@
+// Package nvmlbackend is the GPU backend over NVIDIA's NVML library, through
+// github.com/NVIDIA/go-nvml. It takes an nvml.Interface so that tests run
+// against go-nvml's mocks; programs pass nvml.New().
+//
+// NVML must be initialized before any other call: without libnvidia-ml,
+// Init returns ERROR_LIBRARY_NOT_FOUND and any further call kills the
+// process. New therefore calls Init first and nothing else when it fails.
+//
+// Per GPU, a reading needs the UUID and the memory information: if either
+// call fails the GPU goes to Snapshot.Failed for that reading and the other
+// GPUs still come back. Every other reading (name, utilization,
+// temperature, power, compute and graphics process lists, per-process
+// utilization) is optional: ERROR_NOT_SUPPORTED leaves it zero (or empty)
+// without failing the GPU; any other error fails the GPU too, since a GPU
+// that answers some calls wrongly should not publish half a reading.
+//
+// Xid events are read by a goroutine waiting on an NVML event set with
+// EventTypeXidCriticalError registered on every GPU that supports it.
+package nvmlbackend
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/internal/gpu/internal/xidcount"
+)
+
+// DefaultXidPollTimeout is how long one wait for Xid events lasts when
+// Options.XidPollTimeout is 0. Close waits at most about this long for the
+// event goroutine to stop.
+const DefaultXidPollTimeout = time.Second
+
+// Options tune a Backend. The zero value is ready to use.
+type Options struct {
+	// Logger receives warnings (Xid events that cannot be read, GPUs that
+	// cannot report them); nil means slog.Default().
+	Logger *slog.Logger
+	// XidPollTimeout is how long each wait on the event set lasts.
+	XidPollTimeout time.Duration
+}
+
+// Backend reads GPUs through NVML. It is safe for concurrent use.
+type Backend struct {
+	lib           nvml.Interface
+	log           *slog.Logger
+	driverVersion string
+
+	xids xidcount.Counts
+
+	// lastSeen is, per GPU UUID, the newest process-utilization sample
+	// timestamp read, so that each reading asks only for newer samples.
+	mu       sync.Mutex
+	lastSeen map[string]uint64
+
+	events nvml.EventSet // nil when no GPU reports Xid events
+	// xidGPUs maps the UUID of each GPU registered on events to its index;
+	// written before the event goroutine starts, then only read.
+	xidGPUs map[string]int
+	stop    chan struct{}
+	done    chan struct{}
+	// life keeps Close from shutting NVML down (which unloads the library)
+	// under a running Snapshot; closed turns later Snapshots away.
+	life     sync.RWMutex
+	closed   bool
+	closeErr error
+	once     sync.Once
+}
+
+var _ gpu.Backend = (*Backend)(nil)
+
+// New initializes NVML through lib and starts reading Xid events. When
+// NVML cannot be initialized it returns an error wrapping
+// gpu.ErrUnavailable that names NVML's return, and makes no other call on
+// lib. A GPU that cannot report Xid events is logged and read without them.
+func New(lib nvml.Interface, opts Options) (*Backend, error) {
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w: nvml init: %s", gpu.ErrUnavailable, ret.Error())
+	}
+	b := &Backend{
+		lib:      lib,
+		log:      opts.Logger,
+		lastSeen: make(map[string]uint64),
+		xidGPUs:  make(map[string]int),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	if b.log == nil {
+		b.log = slog.Default()
+	}
+	timeout := opts.XidPollTimeout
+	if timeout <= 0 {
+		timeout = DefaultXidPollTimeout
+	}
+	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+		b.driverVersion = v
+	} else {
+		b.log.Warn("nvml: cannot read the driver version", "error", ret.Error())
+	}
+	b.events = b.registerXidEvents()
+	if b.events == nil {
+		close(b.done)
+		return b, nil
+	}
+	go b.readXidEvents(uint32(min(timeout.Milliseconds(), int64(^uint32(0)))))
+	return b, nil
+}
+
+// Snapshot reads every GPU. It fails as a whole (wrapping
+// gpu.ErrUnavailable) only when the GPUs cannot be counted.
+func (b *Backend) Snapshot(ctx context.Context) (gpu.Snapshot, error) {
+	b.life.RLock()
+	defer b.life.RUnlock()
+	if b.closed {
+		return gpu.Snapshot{}, fmt.Errorf("%w: nvml backend closed", gpu.ErrUnavailable)
+	}
+	n, ret := b.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return gpu.Snapshot{}, fmt.Errorf("%w: nvml device count: %s", gpu.ErrUnavailable, ret.Error())
+	}
+	s := gpu.Snapshot{DriverVersion: b.driverVersion, Devices: make([]gpu.Device, 0, n)}
+	for i := range n {
+		if err := ctx.Err(); err != nil {
+			return gpu.Snapshot{}, err
+		}
+		d, derr := b.readDevice(i)
+		if derr != nil {
+			s.Failed = append(s.Failed, *derr)
+			continue
+		}
+		s.Devices = append(s.Devices, d)
+	}
+	return s, nil
+}
+
+// callError is an NVML call that failed.
+type callError struct {
+	call string
+	ret  nvml.Return
+}
+
+func (e *callError) Error() string { return e.call + ": " + e.ret.Error() }
+
+// Unwrap lets errors.Is match the NVML return (nvml.Return is an error).
+func (e *callError) Unwrap() error { return e.ret }
+
+// optional turns a NOT_SUPPORTED return into "no value" and any other
+// failure into an error.
+func optional(call string, ret nvml.Return) (ok bool, err error) {
+	switch ret {
+	case nvml.SUCCESS:
+		return true, nil
+	case nvml.ERROR_NOT_SUPPORTED:
+		return false, nil
+	default:
+		return false, &callError{call, ret}
+	}
+}
+
+func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
+	d := gpu.Device{Index: i}
+	fail := func(err error) (gpu.Device, *gpu.DeviceError) {
+		return gpu.Device{}, &gpu.DeviceError{Index: i, UUID: d.UUID, Err: err}
+	}
+	h, ret := b.lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return fail(&callError{"get handle", ret})
+	}
+	if d.UUID, ret = h.GetUUID(); ret != nvml.SUCCESS {
+		d.UUID = ""
+		return fail(&callError{"get uuid", ret})
+	}
+	mem, ret := h.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return fail(&callError{"get memory info", ret})
+	}
+	d.MemoryTotalBytes, d.MemoryUsedBytes = mem.Total, mem.Used
+
+	name, ret := h.GetName()
+	if ok, err := optional("get name", ret); err != nil {
+		return fail(err)
+	} else if ok {
+		d.Name = name
+	}
+	util, ret := h.GetUtilizationRates()
+	if ok, err := optional("get utilization", ret); err != nil {
+		return fail(err)
+	} else if ok {
+		d.Utilization = min(float64(util.Gpu)/100, 1)
+	}
+	temp, ret := h.GetTemperature(nvml.TEMPERATURE_GPU)
+	if ok, err := optional("get temperature", ret); err != nil {
+		return fail(err)
+	} else if ok {
+		d.TemperatureCelsius = float64(temp)
+	}
+	mw, ret := h.GetPowerUsage()
+	if ok, err := optional("get power usage", ret); err != nil {
+		return fail(err)
+	} else if ok {
+		d.PowerWatts = float64(mw) / 1000
+	}
+	procs, err := b.readProcesses(h, d.UUID)
+	if err != nil {
+		return fail(err)
+	}
+	d.Processes = procs
+	return d, nil
+}
+
+// notAvailable is NVML_VALUE_NOT_AVAILABLE as an unsigned 64-bit value:
+// what some drivers (and any driver without permission) report as a
+// process's used memory.
+const notAvailable = ^uint64(0)
+
+// readProcesses merges the compute and graphics process lists (a process
+// with both kinds of context is listed in both, each time with its whole
+// memory, so it counts once with the larger figure) and adds each process's
+// newest SM sample.
+func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, error) {
+	var procs []gpu.Process
+	add := func(list []nvml.ProcessInfo) {
+		for _, p := range list {
+			mem := p.UsedGpuMemory
+			if mem == notAvailable {
+				mem = 0
+			}
+			if j := slices.IndexFunc(procs, func(q gpu.Process) bool { return q.PID == int(p.Pid) }); j >= 0 {
+				procs[j].UsedMemoryBytes = max(procs[j].UsedMemoryBytes, mem)
+				continue
+			}
+			procs = append(procs, gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem})
+		}
+	}
+	compute, ret := h.GetComputeRunningProcesses()
+	if _, err := optional("get compute processes", ret); err != nil {
+		return nil, err
+	}
+	add(compute)
+	graphics, ret := h.GetGraphicsRunningProcesses()
+	if _, err := optional("get graphics processes", ret); err != nil {
+		return nil, err
+	}
+	add(graphics)
+	if len(procs) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(procs, func(a, b gpu.Process) int { return cmp.Compare(a.PID, b.PID) })
+
+	b.mu.Lock()
+	since := b.lastSeen[uuid]
+	b.mu.Unlock()
+	samples, ret := h.GetProcessUtilization(since)
+	switch ret {
+	case nvml.SUCCESS:
+	case nvml.ERROR_NOT_FOUND, nvml.ERROR_NOT_SUPPORTED:
+		// No sample since the last reading: no process has run a kernel.
+		return procs, nil
+	case nvml.ERROR_INSUFFICIENT_SIZE:
+		// go-nvml returns this, with no samples, when NVML sized the
+		// sample buffer at zero.
+		if len(samples) == 0 {
+			return procs, nil
+		}
+		fallthrough
+	default:
+		return nil, &callError{"get process utilization", ret}
+	}
+	newest := since
+	latest := make(map[int]nvml.ProcessUtilizationSample, len(samples))
+	for _, s := range samples {
+		newest = max(newest, s.TimeStamp)
+		if old, ok := latest[int(s.Pid)]; !ok || s.TimeStamp >= old.TimeStamp {
+			latest[int(s.Pid)] = s
+		}
+	}
+	b.mu.Lock()
+	b.lastSeen[uuid] = max(b.lastSeen[uuid], newest)
+	b.mu.Unlock()
+	for j := range procs {
+		if s, ok := latest[procs[j].PID]; ok {
+			procs[j].SMUtilization = min(float64(s.SmUtil)/100, 1)
+			procs[j].HasSMUtilization = true
+		}
+	}
+	return procs, nil
+}
+
+// registerXidEvents creates an event set and registers Xid critical errors
+// on every GPU that supports them. It returns nil when none does.
+func (b *Backend) registerXidEvents() nvml.EventSet {
+	set, ret := b.lib.EventSetCreate()
+	if ret != nvml.SUCCESS {
+		b.log.Warn("nvml: cannot create an event set; Xid errors will not be counted", "error", ret.Error())
+		return nil
+	}
+	n, ret := b.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		b.log.Warn("nvml: cannot count GPUs; Xid errors will not be counted", "error", ret.Error())
+		set.Free()
+		return nil
+	}
+	for i := range n {
+		log := b.log.With("gpu", i)
+		h, ret := b.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			log.Warn("nvml: cannot get GPU handle; its Xid errors will not be counted", "error", ret.Error())
+			continue
+		}
+		uuid, ret := h.GetUUID()
+		if ret != nvml.SUCCESS {
+			log.Warn("nvml: cannot read GPU UUID; its Xid errors will not be counted", "error", ret.Error())
+			continue
+		}
+		log = log.With("uuid", uuid)
+		supported, ret := h.GetSupportedEventTypes()
+		if ret != nvml.SUCCESS {
+			log.Warn("nvml: cannot read supported event types; Xid errors will not be counted", "error", ret.Error())
+			continue
+		}
+		if supported&nvml.EventTypeXidCriticalError == 0 {
+			log.Info("nvml: GPU does not report Xid errors")
+			continue
+		}
+		if ret := h.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret != nvml.SUCCESS {
+			log.Warn("nvml: cannot register Xid events; its Xid errors will not be counted", "error", ret.Error())
+			continue
+		}
+		b.xidGPUs[uuid] = i
+	}
+	if len(b.xidGPUs) == 0 {
+		set.Free()
+		return nil
+	}
+	return set
+}
+
+// readXidEvents waits on the event set until Close. NVML's wait cannot be
+// interrupted, so it waits at most timeoutMs at a time and checks for Close
+// in between.
+func (b *Backend) readXidEvents(timeoutMs uint32) {
+	defer close(b.done)
+	for {
+		select {
+		case <-b.stop:
+			return
+		default:
+		}
+		e, ret := b.events.Wait(timeoutMs)
+		switch ret {
+		case nvml.SUCCESS:
+			b.countXid(e)
+		case nvml.ERROR_TIMEOUT:
+		default:
+			// Some failures return at once; waiting before the next try
+			// keeps a broken event set from spinning a CPU.
+			b.log.Warn("nvml: waiting for Xid events failed", "error", ret.Error())
+			select {
+			case <-b.stop:
+				return
+			case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
+			}
+		}
+	}
+}
+
+func (b *Backend) countXid(e nvml.EventData) {
+	if e.EventType != nvml.EventTypeXidCriticalError {
+		return
+	}
+	if e.Device == nil {
+		b.log.Warn("nvml: Xid event without a GPU, not counted", "xid", e.EventData)
+		return
+	}
+	uuid, ret := e.Device.GetUUID()
+	if ret != nvml.SUCCESS {
+		b.log.Warn("nvml: cannot read the UUID of the GPU of an Xid event, not counted", "xid", e.EventData, "error", ret.Error())
+		return
+	}
+	index, ok := b.xidGPUs[uuid]
+	if !ok {
+		b.log.Warn("nvml: Xid event from a GPU not registered, not counted", "uuid", uuid, "xid", e.EventData)
+		return
+	}
+	b.log.Warn("nvml: Xid error", "gpu", index, "uuid", uuid, "xid", e.EventData)
+	b.xids.Add(uuid, index, e.EventData, 1)
+}
+
+// Xids returns the Xid events counted since New, sorted by UUID then Xid.
+func (b *Backend) Xids() []gpu.XidCount {
+	return b.xids.List()
+}
+
+// Close stops the Xid reader, frees the event set and shuts NVML down. It
+// may be called more than once; later calls return the first result.
+func (b *Backend) Close() error {
+	b.once.Do(func() {
+		close(b.stop)
+		<-b.done
+		b.life.Lock()
+		defer b.life.Unlock()
+		b.closed = true
+		var errs []error
+		if b.events != nil {
+			if ret := b.events.Free(); ret != nvml.SUCCESS {
+				errs = append(errs, &callError{"free event set", ret})
+			}
+		}
+		if ret := b.lib.Shutdown(); ret != nvml.SUCCESS {
+			errs = append(errs, &callError{"shutdown", ret})
+		}
+		if err := errors.Join(errs...); err != nil {
+			b.closeErr = fmt.Errorf("nvml close: %w", err)
+		}
+	})
+	return b.closeErr
+}

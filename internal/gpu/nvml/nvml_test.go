@@ -1,0 +1,556 @@
+package nvmlbackend_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/internal/gpu/internal/xidcount"
+	nvmlbackend "github.com/gpuslice/gpuslice/internal/gpu/nvml"
+)
+
+const gib = 1 << 30
+
+// node is a DGX A100 from go-nvml's mock with the calls dgxa100 leaves
+// unset filled in: every GPU idle, supported, with no process.
+type node struct {
+	*dgxa100.Server
+	gpus   []*dgxa100.Device
+	events chan nvml.EventData
+	set    *mock.EventSet
+
+	mu sync.Mutex
+	// waiting counts goroutines inside the set's Wait; freedWhileWaiting
+	// records a Free made while one was (NVML forbids it).
+	waiting           int
+	freedWhileWaiting bool
+}
+
+func newNode(t testing.TB) *node {
+	t.Helper()
+	n := &node{Server: dgxa100.New(), events: make(chan nvml.EventData, 16)}
+	for i, d := range n.Devices {
+		g := d.(*dgxa100.Device)
+		g.MemoryInfo.Used = uint64(i) * gib
+		g.MemoryInfo.Free = g.MemoryInfo.Total - g.MemoryInfo.Used
+		g.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+			return nvml.Utilization{Gpu: uint32(10 * i), Memory: 5}, nvml.SUCCESS
+		}
+		g.GetTemperatureFunc = func(s nvml.TemperatureSensors) (uint32, nvml.Return) {
+			if s != nvml.TEMPERATURE_GPU {
+				return 0, nvml.ERROR_INVALID_ARGUMENT
+			}
+			return uint32(40 + i), nvml.SUCCESS
+		}
+		g.GetPowerUsageFunc = func() (uint32, nvml.Return) { return uint32(100000 + 250*i), nvml.SUCCESS }
+		g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+		g.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
+		g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		g.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return nvml.EventTypeAll, nvml.SUCCESS }
+		g.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+		n.gpus = append(n.gpus, g)
+	}
+	// An event set that delivers what the test sends, and otherwise times
+	// out as NVML does.
+	n.set = &mock.EventSet{
+		WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+			defer n.enterWait()()
+			select {
+			case e := <-n.events:
+				return e, nvml.SUCCESS
+			case <-time.After(time.Duration(ms) * time.Millisecond):
+				return nvml.EventData{}, nvml.ERROR_TIMEOUT
+			}
+		},
+		FreeFunc: func() nvml.Return {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if n.waiting > 0 {
+				n.freedWhileWaiting = true
+			}
+			return nvml.SUCCESS
+		},
+	}
+	n.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return n.set, nvml.SUCCESS }
+	return n
+}
+
+// enterWait marks a goroutine inside Wait until the returned func runs.
+func (n *node) enterWait() func() {
+	n.mu.Lock()
+	n.waiting++
+	n.mu.Unlock()
+	return func() {
+		n.mu.Lock()
+		n.waiting--
+		n.mu.Unlock()
+	}
+}
+
+func (n *node) open(t testing.TB) *nvmlbackend.Backend {
+	t.Helper()
+	b, err := nvmlbackend.New(n, nvmlbackend.Options{
+		Logger:         slog.New(slog.NewTextHandler(t.Output(), nil)),
+		XidPollTimeout: 5 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func snapshot(t *testing.T, b *nvmlbackend.Backend) gpu.Snapshot {
+	t.Helper()
+	s, err := b.Snapshot(context.Background())
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	return s
+}
+
+// TestSnapshot reads a node where GPU 0 runs compute and graphics
+// processes, and checks every conversion NVML needs.
+func TestSnapshot(t *testing.T) {
+	n := newNode(t)
+	g0 := n.gpus[0]
+	g0.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{
+			{Pid: 300, UsedGpuMemory: 1 * gib},
+			{Pid: 100, UsedGpuMemory: 3 * gib},
+			// Drivers without per-process accounting say "not available".
+			{Pid: 200, UsedGpuMemory: ^uint64(0)},
+		}, nvml.SUCCESS
+	}
+	g0.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{
+			{Pid: 300, UsedGpuMemory: 2 * gib}, // also compute: counted once, larger figure
+			{Pid: 400, UsedGpuMemory: gib / 2}, // graphics only
+			{Pid: 100, UsedGpuMemory: gib},     // also compute, which has more
+		}, nvml.SUCCESS
+	}
+	g0.GetProcessUtilizationFunc = func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		if lastSeen >= 2000 {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return []nvml.ProcessUtilizationSample{
+			{Pid: 100, TimeStamp: 2000, SmUtil: 35},
+			{Pid: 100, TimeStamp: 1000, SmUtil: 20}, // older sample of the same process
+			{Pid: 300, TimeStamp: 1500, SmUtil: 5},
+			{Pid: 999, TimeStamp: 1800, SmUtil: 50}, // exited since: not listed
+		}, nvml.SUCCESS
+	}
+	b := n.open(t)
+
+	got := snapshot(t, b)
+	if got.DriverVersion != "550.54.15" || len(got.Devices) != 8 || len(got.Failed) != 0 {
+		t.Fatalf("Snapshot: driver %q, %d devices, failed %v", got.DriverVersion, len(got.Devices), got.Failed)
+	}
+	want0 := gpu.Device{
+		Index:              0,
+		UUID:               g0.UUID,
+		Name:               g0.Config.Name,
+		MemoryTotalBytes:   40 * gib,
+		MemoryUsedBytes:    0,
+		Utilization:        0,
+		TemperatureCelsius: 40,
+		PowerWatts:         100,
+		Processes: []gpu.Process{
+			{PID: 100, UsedMemoryBytes: 3 * gib, SMUtilization: 0.35, HasSMUtilization: true},
+			{PID: 200, UsedMemoryBytes: 0},
+			{PID: 300, UsedMemoryBytes: 2 * gib, SMUtilization: 0.05, HasSMUtilization: true},
+			{PID: 400, UsedMemoryBytes: gib / 2},
+		},
+	}
+	if diff := cmp.Diff(want0, got.Devices[0]); diff != "" {
+		t.Errorf("GPU 0 (-want +got):\n%s", diff)
+	}
+	want5 := gpu.Device{
+		Index: 5, UUID: n.gpus[5].UUID, Name: n.gpus[5].Config.Name,
+		MemoryTotalBytes: 40 * gib, MemoryUsedBytes: 5 * gib,
+		Utilization: 0.5, TemperatureCelsius: 45, PowerWatts: 101.25,
+	}
+	if diff := cmp.Diff(want5, got.Devices[5]); diff != "" {
+		t.Errorf("GPU 5 (-want +got):\n%s", diff)
+	}
+
+	// The next reading asks for samples newer than the newest one seen;
+	// with none, no process has an SM figure.
+	got = snapshot(t, b)
+	calls := g0.GetProcessUtilizationCalls()
+	if len(calls) != 2 || calls[0].V != 0 || calls[1].V != 2000 {
+		t.Errorf("GetProcessUtilization calls %+v, want lastSeen 0 then 2000", calls)
+	}
+	for _, p := range got.Devices[0].Processes {
+		if p.HasSMUtilization {
+			t.Errorf("second reading: process %d has an SM sample %v, NVML gave none", p.PID, p.SMUtilization)
+		}
+	}
+	// GPUs without processes are not asked for process utilization.
+	if c := n.gpus[1].GetProcessUtilizationCalls(); len(c) != 0 {
+		t.Errorf("GPU 1 without processes: %d GetProcessUtilization calls", len(c))
+	}
+}
+
+// TestOneGPUFails checks that a GPU failing a call loses only its own
+// reading, and that optional readings a GPU does not support are zero.
+func TestOneGPUFails(t *testing.T) {
+	tests := []struct {
+		name    string
+		breakIt func(n *node, g *dgxa100.Device)
+		// wantErr is the NVML return the failure wraps; SUCCESS when the
+		// GPU must not fail.
+		wantErr  nvml.Return
+		wantUUID bool // the failure names the GPU's UUID
+		check    func(t *testing.T, d gpu.Device)
+	}{
+		{
+			name: "memory info fails",
+			breakIt: func(_ *node, g *dgxa100.Device) {
+				g.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST }
+			},
+			wantErr: nvml.ERROR_GPU_IS_LOST, wantUUID: true,
+		},
+		{
+			name: "uuid fails",
+			breakIt: func(_ *node, g *dgxa100.Device) {
+				g.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_UNKNOWN }
+			},
+			wantErr: nvml.ERROR_UNKNOWN,
+		},
+		{
+			name: "handle fails",
+			breakIt: func(n *node, g *dgxa100.Device) {
+				n.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+					if i == g.Index {
+						return nil, nvml.ERROR_GPU_IS_LOST
+					}
+					return n.Devices[i], nvml.SUCCESS
+				}
+			},
+			wantErr: nvml.ERROR_GPU_IS_LOST,
+		},
+		{
+			name: "compute processes fail",
+			breakIt: func(_ *node, g *dgxa100.Device) {
+				g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NO_PERMISSION }
+			},
+			wantErr: nvml.ERROR_NO_PERMISSION, wantUUID: true,
+		},
+		{
+			name: "temperature fails otherwise than unsupported",
+			breakIt: func(_ *node, g *dgxa100.Device) {
+				g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+			},
+			wantErr: nvml.ERROR_UNKNOWN, wantUUID: true,
+		},
+		{
+			name: "process utilization fails otherwise than no samples",
+			breakIt: func(_ *node, g *dgxa100.Device) {
+				g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+					return []nvml.ProcessInfo{{Pid: 1, UsedGpuMemory: 1}}, nvml.SUCCESS
+				}
+				g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+					return nil, nvml.ERROR_GPU_IS_LOST
+				}
+			},
+			wantErr: nvml.ERROR_GPU_IS_LOST, wantUUID: true,
+		},
+		{
+			name: "optional readings unsupported",
+			breakIt: func(_ *node, g *dgxa100.Device) {
+				g.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED }
+				g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+				g.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+				g.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+				g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+					return []nvml.ProcessInfo{{Pid: 7, UsedGpuMemory: gib}}, nvml.SUCCESS
+				}
+				g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+					return nil, nvml.ERROR_NOT_SUPPORTED
+				}
+			},
+			check: func(t *testing.T, d gpu.Device) {
+				want := gpu.Device{
+					Index: 3, UUID: d.UUID, Name: d.Name, MemoryTotalBytes: 40 * gib, MemoryUsedBytes: 3 * gib,
+					Processes: []gpu.Process{{PID: 7, UsedMemoryBytes: gib}},
+				}
+				if diff := cmp.Diff(want, d); diff != "" {
+					t.Errorf("GPU 3 (-want +got):\n%s", diff)
+				}
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			broken := n.gpus[3]
+			tc.breakIt(n, broken)
+			b := n.open(t)
+			s := snapshot(t, b)
+
+			if tc.wantErr == nvml.SUCCESS {
+				if len(s.Failed) != 0 || len(s.Devices) != 8 {
+					t.Fatalf("got %d devices, failed %v; want all 8", len(s.Devices), s.Failed)
+				}
+				tc.check(t, s.Devices[3])
+				return
+			}
+			if len(s.Failed) != 1 {
+				t.Fatalf("Failed = %v, want GPU 3 only", s.Failed)
+			}
+			f := s.Failed[0]
+			if f.Index != 3 || !errors.Is(&f, tc.wantErr) {
+				t.Errorf("Failed[0] = index %d, %v; want index 3 wrapping %v", f.Index, f.Err, tc.wantErr)
+			}
+			if wantUUID := map[bool]string{true: broken.UUID}[tc.wantUUID]; f.UUID != wantUUID {
+				t.Errorf("Failed[0].UUID = %q, want %q", f.UUID, wantUUID)
+			}
+			if len(s.Devices) != 7 {
+				t.Fatalf("got %d devices, want the 7 others", len(s.Devices))
+			}
+			for j, d := range s.Devices {
+				want := j
+				if j >= 3 {
+					want = j + 1
+				}
+				if d.Index != want || d.UUID != n.gpus[want].UUID || d.MemoryUsedBytes != uint64(want)*gib {
+					t.Errorf("Devices[%d] = index %d %s used %d; want GPU %d intact", j, d.Index, d.UUID, d.MemoryUsedBytes, want)
+				}
+			}
+		})
+	}
+}
+
+func TestDeviceCountFails(t *testing.T) {
+	n := newNode(t)
+	b := n.open(t)
+	n.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_DRIVER_NOT_LOADED }
+	_, err := b.Snapshot(context.Background())
+	if !errors.Is(err, gpu.ErrUnavailable) || !strings.Contains(err.Error(), "ERROR_DRIVER_NOT_LOADED") {
+		t.Errorf("Snapshot error %v: want gpu.ErrUnavailable naming ERROR_DRIVER_NOT_LOADED", err)
+	}
+}
+
+// TestInitFails: without libnvidia-ml any call after a failed Init kills
+// the process, so New must make no other call. The bare mock panics on any
+// method whose function is not set, which the test turns into a failure.
+func TestInitFails(t *testing.T) {
+	for _, ret := range []nvml.Return{nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_NO_PERMISSION} {
+		t.Run(ret.Error(), func(t *testing.T) {
+			lib := &mock.Interface{InitFunc: func() nvml.Return { return ret }}
+			var (
+				b   *nvmlbackend.Backend
+				err error
+			)
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Fatalf("New made a call after Init failed: %v", p)
+					}
+				}()
+				b, err = nvmlbackend.New(lib, nvmlbackend.Options{})
+			}()
+			if b != nil || !errors.Is(err, gpu.ErrUnavailable) {
+				t.Fatalf("New = %v, %v; want nil and gpu.ErrUnavailable", b, err)
+			}
+			if !strings.Contains(err.Error(), ret.Error()) {
+				t.Errorf("error %q does not name %s", err, ret.Error())
+			}
+			if c := len(lib.InitCalls()); c != 1 {
+				t.Errorf("Init called %d times, want 1", c)
+			}
+		})
+	}
+}
+
+// TestXidEvents delivers events through the mocked event set and checks
+// that exactly the Xid critical errors of registered GPUs are counted.
+func TestXidEvents(t *testing.T) {
+	n := newNode(t)
+	// GPU 7 cannot report Xid errors: it must not be registered.
+	n.gpus[7].GetSupportedEventTypesFunc = func() (uint64, nvml.Return) {
+		return nvml.EventTypeAll &^ nvml.EventTypeXidCriticalError, nvml.SUCCESS
+	}
+	b := n.open(t)
+
+	for i, g := range n.gpus {
+		calls := g.RegisterEventsCalls()
+		if i == 7 {
+			if len(calls) != 0 {
+				t.Errorf("GPU 7 registered for events without supporting Xid errors")
+			}
+			continue
+		}
+		if len(calls) != 1 || calls[0].V != nvml.EventTypeXidCriticalError || calls[0].EventSet != n.set {
+			t.Errorf("GPU %d RegisterEvents calls %+v, want one for Xid critical errors on the set", i, calls)
+		}
+	}
+
+	xid := func(g *dgxa100.Device, code uint64) nvml.EventData {
+		return nvml.EventData{Device: g, EventType: nvml.EventTypeXidCriticalError, EventData: code}
+	}
+	// Events are read in order: those not to be counted go first, so that
+	// once the counted ones show, all have been read.
+	n.events <- nvml.EventData{Device: n.gpus[1], EventType: nvml.EventTypeSingleBitEccError, EventData: 1}
+	n.events <- nvml.EventData{EventType: nvml.EventTypeXidCriticalError, EventData: 31}
+	n.events <- xid(n.gpus[7], 79)
+	n.events <- xid(n.gpus[1], 79)
+	n.events <- xid(n.gpus[2], 13)
+	n.events <- xid(n.gpus[1], 79)
+	n.events <- xid(n.gpus[1], 48)
+
+	want := []gpu.XidCount{
+		{UUID: n.gpus[1].UUID, Index: 1, Xid: 48, Count: 1},
+		{UUID: n.gpus[1].UUID, Index: 1, Xid: 79, Count: 2},
+		{UUID: n.gpus[2].UUID, Index: 2, Xid: 13, Count: 1},
+	}
+	xidcount.Sort(want)
+	var got []gpu.XidCount
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if got = b.Xids(); len(got) == len(want) && got[0].Count+got[1].Count+got[2].Count == 4 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Xids (-want +got):\n%s", diff)
+	}
+}
+
+// TestClose checks that Close stops the event reader before freeing the
+// set, shuts NVML down once, and that the backend is unusable afterwards
+// without touching NVML.
+func TestClose(t *testing.T) {
+	for _, failingWait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failing wait %v", failingWait), func(t *testing.T) {
+			testClose(t, failingWait)
+		})
+	}
+}
+
+func testClose(t *testing.T, failingWait bool) {
+	n := newNode(t)
+	if failingWait {
+		// A set whose wait fails at once: the reader must neither spin
+		// nor keep Close from returning.
+		n.set.WaitFunc = func(uint32) (nvml.EventData, nvml.Return) {
+			defer n.enterWait()()
+			return nvml.EventData{}, nvml.ERROR_UNKNOWN
+		}
+	}
+	b := n.open(t)
+	snapshot(t, b)
+	// Close must not free the set under a running wait: wait until the
+	// reader has been in Wait at least once.
+	for deadline := time.Now().Add(10 * time.Second); len(n.set.WaitCalls()) == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	n.mu.Lock()
+	if n.freedWhileWaiting {
+		t.Error("event set freed while the reader was waiting on it")
+	}
+	n.mu.Unlock()
+	waits := len(n.set.WaitCalls())
+	if f, s := len(n.set.FreeCalls()), len(n.ShutdownCalls()); f != 1 || s != 1 {
+		t.Errorf("after Close: Free called %d times, Shutdown %d; want 1 and 1", f, s)
+	}
+	counts := len(n.DeviceGetCountCalls())
+	if _, err := b.Snapshot(context.Background()); !errors.Is(err, gpu.ErrUnavailable) {
+		t.Errorf("Snapshot after Close: %v, want gpu.ErrUnavailable", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if c := len(n.DeviceGetCountCalls()); c != counts {
+		t.Errorf("Snapshot after Close called NVML")
+	}
+	if f, s := len(n.set.FreeCalls()), len(n.ShutdownCalls()); f != 1 || s != 1 {
+		t.Errorf("after a second Close: Free called %d times, Shutdown %d; want 1 and 1", f, s)
+	}
+	if w := len(n.set.WaitCalls()); w != waits {
+		t.Errorf("event set waited on after Close returned (%d calls, then %d)", waits, w)
+	}
+}
+
+func TestCloseReportsShutdownFailure(t *testing.T) {
+	n := newNode(t)
+	n.ShutdownFunc = func() nvml.Return { return nvml.ERROR_UNINITIALIZED }
+	b := n.open(t)
+	if err := b.Close(); !errors.Is(err, nvml.ERROR_UNINITIALIZED) {
+		t.Errorf("Close: %v, want it to wrap ERROR_UNINITIALIZED", err)
+	}
+}
+
+// TestWithoutEventSet: a driver that cannot create event sets still gives
+// readings, no Xid counts, and Close shuts NVML down.
+func TestWithoutEventSet(t *testing.T) {
+	n := newNode(t)
+	n.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+	b := n.open(t)
+	if s := snapshot(t, b); len(s.Devices) != 8 {
+		t.Errorf("got %d devices", len(s.Devices))
+	}
+	if x := b.Xids(); len(x) != 0 {
+		t.Errorf("Xids = %v", x)
+	}
+	if err := b.Close(); err != nil || len(n.ShutdownCalls()) != 1 {
+		t.Errorf("Close: %v, %d Shutdown calls", err, len(n.ShutdownCalls()))
+	}
+}
+
+// TestNoGPUSupportsXid: the event set is freed at once when no GPU can
+// report Xid errors.
+func TestNoGPUSupportsXid(t *testing.T) {
+	n := newNode(t)
+	for _, g := range n.gpus {
+		g.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+	}
+	b := n.open(t)
+	if f := len(n.set.FreeCalls()); f != 1 {
+		t.Errorf("event set freed %d times, want 1", f)
+	}
+	if err := b.Close(); err != nil || len(n.set.FreeCalls()) != 1 || len(n.set.WaitCalls()) != 0 {
+		t.Errorf("Close: %v; Free %d, Wait %d calls", err, len(n.set.FreeCalls()), len(n.set.WaitCalls()))
+	}
+}
+
+func BenchmarkSnapshot8x64(b *testing.B) {
+	n := newNode(b)
+	for i, g := range n.gpus {
+		procs := make([]nvml.ProcessInfo, 64)
+		samples := make([]nvml.ProcessUtilizationSample, 64)
+		for j := range procs {
+			pid := uint32(10000 + 64*i + j)
+			procs[j] = nvml.ProcessInfo{Pid: pid, UsedGpuMemory: uint64(j+1) << 26}
+			samples[j] = nvml.ProcessUtilizationSample{Pid: pid, TimeStamp: 1, SmUtil: uint32(j % 100)}
+		}
+		g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return procs, nvml.SUCCESS }
+		g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) { return samples, nvml.SUCCESS }
+	}
+	be := n.open(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		s, err := be.Snapshot(context.Background())
+		if err != nil || len(s.Devices) != 8 || len(s.Devices[0].Processes) != 64 {
+			b.Fatal(fmt.Sprint(len(s.Devices), err))
+		}
+	}
+}
