@@ -29,6 +29,16 @@ func newWorld(t *testing.T) *world {
 	return &world{t: t, root: t.TempDir(), now: t0}
 }
 
+// started returns a world, the path of trainer's 0.log, not yet created, and
+// a detector that has done its first Scan.
+func started(t *testing.T, cfg Config) (*world, string, *Detector) {
+	w := newWorld(t)
+	p := w.logPath(trainer, 0)
+	d := w.detector(cfg)
+	w.scan(d, []Container{trainer})
+	return w, p, d
+}
+
 func (w *world) detector(cfg Config) *Detector {
 	w.t.Helper()
 	cfg.PodLogsDir = w.root
@@ -128,10 +138,7 @@ func TestEveryPatternInCRILog(t *testing.T) {
 		})
 	}
 	t.Run("ordinary lines", func(t *testing.T) {
-		w := newWorld(t)
-		p := w.logPath(trainer, 0)
-		d := w.detector(Config{})
-		w.scan(d, []Container{trainer})
+		w, p, d := started(t, Config{})
 		for i, line := range ordinaryLines {
 			w.write(p, cri(time.Duration(i)*time.Minute, "stderr", "F", line))
 		}
@@ -186,10 +193,7 @@ func TestPartialLines(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t)
-			p := w.logPath(trainer, 0)
-			d := w.detector(Config{})
-			w.scan(d, []Container{trainer})
+			w, p, d := started(t, Config{})
 			var all []Event
 			for i, s := range tc.writes {
 				w.write(p, s)
@@ -254,10 +258,7 @@ func TestCollapseWindow(t *testing.T) {
 	wantEvents(t, w.scan(d, []Container{trainer}))
 
 	t.Run("configured window", func(t *testing.T) {
-		w := newWorld(t)
-		p := w.logPath(trainer, 0)
-		d := w.detector(Config{CollapseWindow: time.Minute})
-		w.scan(d, []Container{trainer})
+		w, p, d := started(t, Config{CollapseWindow: time.Minute})
 		w.write(p, cri(0, "stderr", "F", torchOOM)+cri(59*time.Second, "stderr", "F", torchOOM)+cri(60*time.Second, "stderr", "F", torchOOM))
 		wantEvents(t, w.scan(d, []Container{trainer}),
 			logEv(trainer, 0, 0, torchOOM), logEv(trainer, 0, time.Minute, torchOOM))
@@ -266,10 +267,7 @@ func TestCollapseWindow(t *testing.T) {
 
 // Plain lines have no log time: those read by one Scan are one event.
 func TestPlainLines(t *testing.T) {
-	w := newWorld(t)
-	p := w.logPath(trainer, 0)
-	d := w.detector(Config{})
-	w.scan(d, []Container{trainer})
+	w, p, d := started(t, Config{})
 	w.write(p, "Traceback (most recent call last):\n"+torchOOM+"\r\n"+runtimeOOM+"\n")
 	w.now = t0.Add(time.Minute)
 	wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, time.Minute, torchOOM))
@@ -322,10 +320,7 @@ func TestRotation(t *testing.T) {
 	})
 
 	t.Run("rotated file compressed before it was finished", func(t *testing.T) {
-		w := newWorld(t)
-		p := w.logPath(trainer, 0)
-		d := w.detector(Config{})
-		w.scan(d, []Container{trainer})
+		w, p, d := started(t, Config{})
 		w.write(p, cri(time.Second, "stderr", "F", torchOOM))
 		if err := os.Rename(p, p+".20261123-090000.gz"); err != nil {
 			t.Fatal(err)
@@ -375,10 +370,7 @@ func TestTruncation(t *testing.T) {
 		{"shorter than the offset", cri(time.Minute, "stderr", "F", runtimeOOM)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t)
-			p := w.logPath(trainer, 0)
-			d := w.detector(Config{})
-			w.scan(d, []Container{trainer})
+			w, p, d := started(t, Config{})
 			w.write(p, noise(time.Second, 50)+cri(2*time.Second, "stderr", "F", runtimeOOM)+noise(3*time.Second, 10))
 			wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, 2*time.Second, runtimeOOM))
 			if err := os.Truncate(p, 0); err != nil {
@@ -441,10 +433,7 @@ func TestMaxReadBytes(t *testing.T) {
 
 func TestIncompleteLine(t *testing.T) {
 	line := cri(time.Second, "stderr", "F", torchOOM)
-	w := newWorld(t)
-	p := w.logPath(trainer, 0)
-	d := w.detector(Config{})
-	w.scan(d, []Container{trainer})
+	w, p, d := started(t, Config{})
 	w.write(p, line[:60])
 	wantEvents(t, w.scan(d, []Container{trainer}))
 	w.write(p, line[60:100])
@@ -454,10 +443,7 @@ func TestIncompleteLine(t *testing.T) {
 	wantEvents(t, w.scan(d, []Container{trainer}))
 
 	t.Run("a line longer than the limit is matched on its start", func(t *testing.T) {
-		w := newWorld(t)
-		p := w.logPath(trainer, 0)
-		d := w.detector(Config{MaxReadBytes: 1000})
-		w.scan(d, []Container{trainer})
+		w, p, d := started(t, Config{MaxReadBytes: 1000})
 		w.write(p, runtimeOOM+" "+strings.Repeat("x", 3*maxLineBytes)+"\n")
 		var all []Event
 		kept := 0
@@ -546,10 +532,7 @@ func TestTerminations(t *testing.T) {
 	})
 
 	t.Run("log first, then termination", func(t *testing.T) {
-		w := newWorld(t)
-		p := w.logPath(trainer, 0)
-		d := w.detector(Config{})
-		w.scan(d, []Container{trainer})
+		w, p, d := started(t, Config{})
 		w.write(p, cri(time.Second, "stderr", "F", torchOOM))
 		wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, time.Second, torchOOM))
 		// The container restarted; its last state carries the same OOM.
@@ -558,10 +541,7 @@ func TestTerminations(t *testing.T) {
 	})
 
 	t.Run("termination first, then log", func(t *testing.T) {
-		w := newWorld(t)
-		p := w.logPath(trainer, 0)
-		d := w.detector(Config{})
-		w.scan(d, []Container{trainer})
+		w, p, d := started(t, Config{})
 		wantEvents(t, w.scan(d, []Container{trainer}, term(0, "Error", fallback, 2*time.Second)),
 			termEv(0, torchOOM, 2*time.Second))
 		// The log lines reach the file (or the detector) late.
@@ -574,10 +554,7 @@ func TestTerminations(t *testing.T) {
 	})
 
 	t.Run("same Scan: the log is read first", func(t *testing.T) {
-		w := newWorld(t)
-		p := w.logPath(trainer, 0)
-		d := w.detector(Config{})
-		w.scan(d, []Container{trainer})
+		w, p, d := started(t, Config{})
 		w.write(p, cri(time.Second, "stderr", "F", torchOOM))
 		wantEvents(t, w.scan(d, []Container{trainer}, term(0, "Error", fallback, 2*time.Second)),
 			logEv(trainer, 0, time.Second, torchOOM))
@@ -599,6 +576,27 @@ func TestErrors(t *testing.T) {
 		}
 		// Terminations do not depend on the log directory.
 		wantEvents(t, evs, Event{Container: trainer, Source: SourceTermination, Message: runtimeOOM, Time: t0.Add(time.Second)})
+	})
+
+	t.Run("pod log directory back after an outage", func(t *testing.T) {
+		w, p, d := started(t, Config{ForgetAfter: time.Minute})
+		w.write(p, cri(time.Second, "stderr", "F", torchOOM))
+		wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, time.Second, torchOOM))
+		away := w.root + ".away"
+		if err := os.Rename(w.root, away); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			w.now = w.now.Add(time.Minute)
+			if _, err := d.Scan([]Container{trainer}, nil); !errors.Is(err, ErrPodLogsDir) {
+				t.Fatalf("Scan error = %v, want ErrPodLogsDir", err)
+			}
+		}
+		if err := os.Rename(away, w.root); err != nil {
+			t.Fatal(err)
+		}
+		w.write(p, cri(3*time.Minute, "stderr", "F", runtimeOOM))
+		wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, 3*time.Minute, runtimeOOM))
 	})
 
 	t.Run("pod log directory is a file", func(t *testing.T) {

@@ -195,7 +195,9 @@ func (d *Detector) Match(line string) bool {
 
 // Scan returns the events that appeared since the last Scan: new matching
 // lines in the logs of containers, and terms that match. Pass every container
-// and termination each time; what was counted before is not returned again.
+// and termination each time, a container as the same Container value in both
+// (it is the key of the de-duplication); what was counted before is not
+// returned again. Events come in the order of containers, then of terms.
 //
 // Problems with single files are logged and skipped. The error is non-nil
 // only when PodLogsDir itself cannot be read; the events are then still those
@@ -204,16 +206,21 @@ func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, e
 	now := d.now()
 	var events []Event
 	var err error
-	if d.root != "" {
-		if err = d.checkRoot(); err == nil {
-			if !d.started {
-				d.takeBaseline()
-				d.started = true
-			}
-			for _, c := range containers {
-				cs := d.state(c, now)
-				events = d.scanContainer(cs, now, events)
-			}
+	readLogs := d.root != ""
+	if readLogs {
+		err = d.checkRoot()
+		readLogs = err == nil
+	}
+	if readLogs && !d.started {
+		d.takeBaseline()
+		d.started = true
+	}
+	for _, c := range containers {
+		// Named containers are remembered even while their logs cannot be
+		// read, or they would be read again from the start afterwards.
+		cs := d.state(c, now)
+		if readLogs {
+			events = d.scanContainer(cs, now, events)
 		}
 	}
 	for _, t := range terms {

@@ -301,6 +301,9 @@ func (d *Detector) readFile(sc *scan, st *stream, tf *tailFile) (done, gone bool
 		return false, tf != st.cur
 	}
 	size := fi.Size()
+	// Truncation shows only as a file smaller than what was read; one
+	// truncated and written past that point between two Scans is read on
+	// from the old offset, as any offset-based reader would.
 	if size < tf.off {
 		d.log.Info("log file truncated; reading it again from the start",
 			"namespace", sc.cs.c.Namespace, "pod", sc.cs.c.Pod, "container", sc.cs.c.Container,
