@@ -115,7 +115,8 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 }
 
 // Snapshot reads every GPU. It fails as a whole (wrapping
-// gpu.ErrUnavailable) only when the GPUs cannot be counted.
+// gpu.ErrUnavailable) only when the GPUs cannot be counted, or after Close.
+// A failed GPU's error wraps the nvml.Return of the call that failed.
 func (b *Backend) Snapshot(ctx context.Context) (gpu.Snapshot, error) {
 	b.life.RLock()
 	defer b.life.RUnlock()
