@@ -1,0 +1,230 @@
+package dashboards
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/common"
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
+)
+
+// File is one generated dashboard and the name of the JSON file it is kept in.
+type File struct {
+	Name  string
+	Build func() (dashboard.Dashboard, error)
+}
+
+// Files lists every dashboard this package generates.
+func Files() []File {
+	return []File{
+		{Name: "gpu-sharing-cluster.json", Build: Cluster},
+		{Name: "gpu-sharing-node.json", Build: Node},
+	}
+}
+
+// Render returns a dashboard as the JSON kept in the repository: indented, with
+// a final newline, the same bytes for the same dashboard.
+func Render(d dashboard.Dashboard) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	// PromQL's comparison operators would otherwise read as \u003e.
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(d); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// WriteAll builds every dashboard and writes its JSON file into dir.
+func WriteAll(dir string) error {
+	var errs []error
+	for _, f := range Files() {
+		d, err := f.Build()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("build %s: %w", f.Name, err))
+			continue
+		}
+		data, err := Render(d)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("render %s: %w", f.Name, err))
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, f.Name), data, 0o644); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// The uids are part of the dashboards' URLs (/d/<uid>) and of links between
+// them; keep them stable.
+const (
+	clusterUID = "gpuslice-cluster"
+	nodeUID    = "gpuslice-node"
+)
+
+var tags = []string{"gpuslice", "gpu"}
+
+// Label selectors shared by the queries. The variables are multi-valued, so
+// every matcher is a regex match.
+const (
+	gpuSel  = `node=~"$node", uuid=~"$gpu"`
+	podSel  = gpuSel + `, namespace=~"$namespace"`
+	nodeSel = `node=~"$node"`
+)
+
+func datasource() common.DataSourceRef {
+	return common.DataSourceRef{Type: cog.ToPtr("prometheus"), Uid: cog.ToPtr("${datasource}")}
+}
+
+// target is a range query; legend is a Grafana legend template.
+func target(refID, expr, legend string) *prometheus.DataqueryBuilder {
+	return prometheus.NewDataqueryBuilder().
+		Datasource(datasource()).
+		RefId(refID).
+		Expr(expr).
+		LegendFormat(legend).
+		Range()
+}
+
+// instantTable is an instant query shaped as a table, one row per series.
+func instantTable(refID, expr string) *prometheus.DataqueryBuilder {
+	return prometheus.NewDataqueryBuilder().
+		Datasource(datasource()).
+		RefId(refID).
+		Expr(expr).
+		Format(prometheus.PromQueryFormatTable).
+		Instant()
+}
+
+// variables returns the dashboard's template variables, each chained to the
+// ones before it so choosing a node narrows the GPUs and namespaces offered.
+// multiNode is false on the node dashboard, which shows one node at a time.
+func variables(multiNode bool) []cog.Builder[dashboard.VariableModel] {
+	ds := dashboard.NewDatasourceVariableBuilder("datasource").
+		Label("Data source").
+		Type("prometheus")
+	node := queryVariable("node", "Node", `label_values(gpuslice_gpu_info, node)`, multiNode)
+	gpu := queryVariable("gpu", "GPU", `label_values(gpuslice_gpu_info{node=~"$node"}, uuid)`, true)
+	namespace := queryVariable("namespace", "Namespace",
+		`label_values(gpuslice_container_gpu_allocation{node=~"$node", uuid=~"$gpu"}, namespace)`, true)
+	return []cog.Builder[dashboard.VariableModel]{ds, node, gpu, namespace}
+}
+
+func queryVariable(name, label, query string, multi bool) *dashboard.QueryVariableBuilder {
+	v := dashboard.NewQueryVariableBuilder(name).
+		Label(label).
+		Datasource(datasource()).
+		Query(dashboard.StringOrMap{String: cog.ToPtr(query)}).
+		Definition(query).
+		Refresh(dashboard.VariableRefreshOnTimeRangeChanged).
+		Sort(dashboard.VariableSortNaturalAsc).
+		Multi(multi).
+		IncludeAll(multi)
+	if multi {
+		// ".*" rather than the list of values, so series that appear after the
+		// variable was refreshed still show.
+		v = v.AllValue(".*").
+			Current(dashboard.VariableOption{
+				Selected: cog.ToPtr(true),
+				Text:     dashboard.StringOrArrayOfString{ArrayOfString: []string{"All"}},
+				Value:    dashboard.StringOrArrayOfString{ArrayOfString: []string{"$__all"}},
+			})
+	}
+	return v
+}
+
+// annotations marks CUDA OOMs and the tuner's replica changes on every
+// time-series panel of a dashboard.
+func annotations() []cog.Builder[dashboard.AnnotationQuery] {
+	// A counter born at its first event has no earlier sample for changes()
+	// to compare with; the second half catches that first event.
+	oom := `changes(gpuslice_gpu_oom_events_total{` + podSel + `}[2m]) > 0` +
+		` or (gpuslice_gpu_oom_events_total{` + podSel + `} > 0 unless gpuslice_gpu_oom_events_total{` + podSel + `} offset 2m)`
+	tuner := `sum by (node, resource, direction) (changes(gpuslice_tuner_changes_total{` + nodeSel + `}[2m])) > 0`
+	return []cog.Builder[dashboard.AnnotationQuery]{
+		dashboard.NewAnnotationQueryBuilder().
+			Name("CUDA OOM").
+			Datasource(datasource()).
+			Enable(true).
+			IconColor("red").
+			Expr(oom).
+			Step("1m").
+			TitleFormat("CUDA OOM").
+			TextFormat("{{namespace}}/{{pod}} ({{container}}) on GPU {{gpu}} of {{node}}, seen in {{source}}").
+			TagKeys("node,namespace,pod"),
+		dashboard.NewAnnotationQueryBuilder().
+			Name("Tuner decisions").
+			Datasource(datasource()).
+			Enable(true).
+			IconColor("blue").
+			Expr(tuner).
+			Step("1m").
+			TitleFormat("Replicas {{direction}}").
+			TextFormat("gpuslice-tuner moved {{resource}} replicas {{direction}} on {{node}}").
+			TagKeys("node,resource,direction"),
+	}
+}
+
+func links() []cog.Builder[dashboard.DashboardLink] {
+	return []cog.Builder[dashboard.DashboardLink]{
+		dashboard.NewDashboardLinkBuilder("GPU sharing").
+			Type(dashboard.DashboardLinkTypeDashboards).
+			Tooltip("The other gpuslice dashboards, same node and time range").
+			Tags([]string{"gpuslice"}).
+			AsDropdown(false).
+			IncludeVars(true).
+			KeepTime(true),
+	}
+}
+
+func newDashboard(uid, title, description string, multiNode bool) *dashboard.DashboardBuilder {
+	return dashboard.NewDashboardBuilder(title).
+		Uid(uid).
+		Description(description).
+		Tags(tags).
+		Editable().
+		Tooltip(dashboard.DashboardCursorSyncCrosshair).
+		Time("now-6h", "now").
+		Timezone(common.TimeZoneBrowser).
+		Refresh("30s").
+		Variables(variables(multiNode)).
+		Annotations(annotations()).
+		Links(links())
+}
+
+// assignIDs numbers the panels in layout order: Grafana needs unique ids for
+// links to a panel and for repeats, and fixed ids keep the JSON stable.
+func assignIDs(d *dashboard.Dashboard) {
+	var id uint32
+	for _, p := range d.Panels {
+		switch {
+		case p.Panel != nil:
+			id++
+			p.Panel.Id = cog.ToPtr(id)
+		case p.RowPanel != nil:
+			id++
+			p.RowPanel.Id = id
+			for i := range p.RowPanel.Panels {
+				id++
+				p.RowPanel.Panels[i].Id = cog.ToPtr(id)
+			}
+		}
+	}
+}
+
+func build(b *dashboard.DashboardBuilder) (dashboard.Dashboard, error) {
+	d, err := b.Build()
+	if err != nil {
+		return dashboard.Dashboard{}, err
+	}
+	assignIDs(&d)
+	return d, nil
+}

@@ -1,0 +1,118 @@
+package dashboards
+
+import (
+	"github.com/grafana/grafana-foundation-sdk/go/bargauge"
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/common"
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/grafana/grafana-foundation-sdk/go/units"
+)
+
+// Node builds "GPU sharing — node": one node's GPUs, who holds their memory and
+// replica slots, how close the pods' peaks come to the GPU's total, and the
+// GPUs' health. CUDA OOMs and the tuner's decisions are annotations.
+func Node() (dashboard.Dashboard, error) {
+	b := newDashboard(nodeUID, "GPU sharing — node",
+		"One node's time-sliced GPUs: memory and SM use by pod, peaks against the GPU's total, replica slots by pod, Xid errors, temperature and power. Red marks: CUDA OOMs; blue marks: gpuslice-tuner decisions.",
+		false)
+
+	b.WithRow(dashboard.NewRowBuilder("Memory")).
+		WithPanel(timeSeries("GPU memory by pod — $gpu",
+			"Stacked: memory each pod holds on this GPU, and memory held by processes outside any pod. Dashed red: the GPU's total. Pods have no memory isolation under time-slicing: when the stack reaches the line, the next allocation fails.",
+			units.BytesIEC, 10, 24).
+			Repeat("gpu").
+			RepeatDirection(dashboard.PanelRepeatDirectionH).
+			MaxPerRow(2).
+			Min(0).
+			FillOpacity(35).
+			Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal).Group("A")).
+			WithTarget(target("A", `sum by (namespace, pod) (gpuslice_container_gpu_memory_used_bytes{`+podSel+`})`, "{{namespace}}/{{pod}}")).
+			WithTarget(target("B", `sum(gpuslice_unattributed_gpu_memory_used_bytes{`+gpuSel+`})`, "outside pods")).
+			WithTarget(target("C", `sum(gpuslice_gpu_memory_total_bytes{`+gpuSel+`})`, "total")).
+			OverrideByQuery("C", limitLine("red"))).
+		WithPanel(versus("Sum of pods' 1h memory peaks vs total",
+			"Solid: for each GPU, the sum of every running pod's highest memory use over the past hour. Dashed: the GPU's total. Above the line, the pods fit only as long as their peaks do not coincide (alert GPUSliceMemoryOvercommitted).",
+			units.BytesIEC, 10, 12,
+			`sum by (gpu, uuid) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[1h]))`, "GPU {{gpu}} sum of peaks",
+			`max by (gpu, uuid) (gpuslice_gpu_memory_total_bytes{`+gpuSel+`})`, "GPU {{gpu}} total").
+			Min(0)).
+		WithPanel(bargauge.NewPanelBuilder().
+			Title("Memory peak by pod").
+			Description("Each pod's highest GPU memory use in the dashboard's time range.").
+			Datasource(datasource()).
+			Unit(units.BytesIEC).
+			Min(0).
+			Height(10).
+			Span(12).
+			DisplayMode(common.BarGaugeDisplayModeGradient).
+			Orientation(common.VizOrientationHorizontal).
+			WithTarget(target("A",
+				`sort_desc(max by (namespace, pod, gpu) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[$__range])))`,
+				"{{namespace}}/{{pod}} on GPU {{gpu}}").Instant())).
+		WithPanel(timeSeries("Memory by pod, 1h rolling peak",
+			"Each pod's highest memory use over the hour before each point.",
+			units.BytesIEC, 10, 12).
+			Min(0).
+			WithTarget(target("A",
+				`max by (namespace, pod, gpu) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[1h]))`,
+				"{{namespace}}/{{pod}} on GPU {{gpu}}")))
+
+	b.WithRow(dashboard.NewRowBuilder("Compute")).
+		WithPanel(versus("SM utilization by pod",
+			"Share of the GPU's streaming multiprocessors each pod kept busy. Dashed: the whole GPU.",
+			units.PercentUnit, 9, 12,
+			`sum by (namespace, pod, gpu) (gpuslice_container_gpu_utilization_ratio{`+podSel+`})`, "{{namespace}}/{{pod}} on GPU {{gpu}}",
+			`max by (gpu) (gpuslice_gpu_utilization_ratio{`+gpuSel+`})`, "GPU {{gpu}}").
+			Min(0).
+			Max(1)).
+		WithPanel(timeSeries("GPU processes by pod", "Processes each pod runs on the node's GPUs.", units.Number, 9, 12).
+			Min(0).
+			Decimals(0).
+			LineInterpolation(common.LineInterpolationStepAfter).
+			WithTarget(target("A",
+				`sum by (namespace, pod, gpu) (gpuslice_container_gpu_processes{`+podSel+`})`,
+				"{{namespace}}/{{pod}} on GPU {{gpu}}")))
+
+	b.WithRow(dashboard.NewRowBuilder("Replica slots")).
+		WithPanel(tablePanel("Replica slots held by pods", "Which pod holds how many of each GPU's time-slicing replicas now.", 9, 14,
+			`sum by (gpu, uuid, resource, namespace, pod, container) (gpuslice_container_gpu_allocation{`+podSel+`})`,
+			nil,
+			[]column{{"gpu", "GPU"}, {"uuid", "UUID"}, {"resource", "Resource"}, {"namespace", "Namespace"},
+				{"pod", "Pod"}, {"container", "Container"}, {"Value", "Slots"}})).
+		WithPanel(versus("Replicas advertised vs allocated per GPU",
+			"Dashed: replicas the device plugin advertises for the GPU. Solid: replicas held by pods.",
+			units.Number, 9, 10,
+			`sum by (gpu, resource) (gpuslice_gpu_replicas_allocated{`+gpuSel+`})`, "GPU {{gpu}} {{resource}} allocated",
+			`sum by (gpu, resource) (gpuslice_gpu_replicas{`+gpuSel+`})`, "GPU {{gpu}} {{resource}} advertised").
+			Min(0).
+			Decimals(0).
+			LineInterpolation(common.LineInterpolationStepAfter))
+
+	b.WithRow(dashboard.NewRowBuilder("Events")).
+		WithPanel(bars("CUDA OOMs by pod", "Out-of-memory events per interval.", 8, 8).
+			WithTarget(target("A",
+				`sum by (namespace, pod) (increase(gpuslice_gpu_oom_events_total{`+podSel+`}[$__rate_interval]))`,
+				"{{namespace}}/{{pod}}"))).
+		WithPanel(bars("Xid errors", "Xid errors the driver reported, per interval. 13, 31, 43, 45, 68 and 109 are usually an application's fault; others point at the GPU.", 8, 8).
+			WithTarget(target("A",
+				`sum by (gpu, xid) (increase(gpuslice_gpu_xid_errors_total{`+gpuSel+`}[$__rate_interval]))`,
+				"GPU {{gpu}} Xid {{xid}}"))).
+		WithPanel(versus("Tuner: recommended vs current replicas",
+			"Dashed: what gpuslice-tuner recommends for this node. Solid: what the node runs with.",
+			units.Number, 8, 8,
+			`gpuslice_tuner_replicas{`+nodeSel+`}`, "{{resource}} current",
+			`gpuslice_tuner_recommended_replicas{`+nodeSel+`}`, "{{resource}} recommended").
+			Decimals(0).
+			LineInterpolation(common.LineInterpolationStepAfter))
+
+	b.WithRow(dashboard.NewRowBuilder("Health")).
+		WithPanel(timeSeries("Temperature", "GPU temperature; the red line is the GPUSliceTemperatureHigh threshold.", units.Celsius, 8, 12).
+			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(85.0), "red"))).
+			ThresholdsStyle(common.NewGraphThresholdsStyleConfigBuilder().Mode(common.GraphThresholdsStyleModeLine)).
+			WithTarget(target("A", `max by (gpu) (gpuslice_gpu_temperature_celsius{`+gpuSel+`})`, "GPU {{gpu}}"))).
+		WithPanel(timeSeries("Power", "GPU power draw.", units.Watt, 8, 12).
+			Min(0).
+			WithTarget(target("A", `max by (gpu) (gpuslice_gpu_power_watts{`+gpuSel+`})`, "GPU {{gpu}}")))
+
+	return build(b)
+}
