@@ -55,3 +55,36 @@ func FuzzParseCRI(f *testing.F) {
 		}
 	})
 }
+
+// Where a read stops (MaxReadBytes, a write not finished) must not change
+// what is found: data fed in two pieces gives the events it gives whole.
+func FuzzFeedSplit(f *testing.F) {
+	f.Add([]byte(cri(0, "stderr", "P", "RuntimeError: CUDA out of")+cri(0, "stderr", "F", " memory. Tried")+"CUDA error: out of memory\n"), 37)
+	f.Add([]byte("torch.OutOfMemoryError\r\nx\n"+cri(time.Minute, "stdout", "F", "cudaErrorMemoryAllocation")), 5)
+	d, err := NewDetector(Config{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	run := func(pieces ...[]byte) []Event {
+		sc := &scan{cs: &containerState{instances: map[int]*instanceState{}}, now: t0}
+		st, tf := &stream{}, &tailFile{}
+		for _, p := range pieces {
+			d.feed(sc, st, tf, p)
+		}
+		return sc.events
+	}
+	f.Fuzz(func(t *testing.T, data []byte, cut int) {
+		if cut < 0 || cut > len(data) {
+			return
+		}
+		whole, split := run(data), run(data[:cut], data[cut:])
+		if len(whole) != len(split) {
+			t.Fatalf("whole: %+v\nsplit at %d: %+v", whole, cut, split)
+		}
+		for i := range whole {
+			if whole[i] != split[i] {
+				t.Errorf("event %d whole %+v, split at %d %+v", i, whole[i], cut, split[i])
+			}
+		}
+	})
+}
