@@ -1,0 +1,117 @@
+package pods
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+const (
+	uidIndex         = "uid"
+	mirrorAnnotation = "kubernetes.io/config.mirror"
+)
+
+// Informer is a Source fed by a watch on the API server, limited by field
+// selector to the pods bound to one node, so its memory and watch traffic do
+// not grow with the cluster.
+type Informer struct {
+	factory  informers.SharedInformerFactory
+	informer cache.SharedIndexInformer
+	node     string
+}
+
+// NewInformer builds the informer; Start runs it.
+func NewInformer(client kubernetes.Interface, nodeName string, resync time.Duration) (*Informer, error) {
+	if nodeName == "" {
+		return nil, errors.New("pods: the apiserver source needs the node name (--node-name or NODE_NAME)")
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
+		}))
+	inf := factory.Core().V1().Pods().Informer()
+	// Only what the exporter reads is kept: managed fields and most of the
+	// spec are dropped to bound memory on busy nodes.
+	if err := inf.SetTransform(trimPod); err != nil {
+		return nil, fmt.Errorf("pods: %w", err)
+	}
+	if err := inf.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return nil, nil
+		}
+		// A static pod's containers run under the UID of its manifest; the
+		// API shows a mirror pod with another UID that names the real one in
+		// an annotation. Index both so cgroup UIDs of static pods resolve.
+		if m := p.Annotations[mirrorAnnotation]; m != "" && m != string(p.UID) {
+			return []string{string(p.UID), m}, nil
+		}
+		return []string{string(p.UID)}, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("pods: %w", err)
+	}
+	return &Informer{factory: factory, informer: inf, node: nodeName}, nil
+}
+
+// Start runs the informer until ctx ends and waits for the first sync (or
+// ctx's end).
+func (i *Informer) Start(ctx context.Context) error {
+	i.factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), i.informer.HasSynced) {
+		return fmt.Errorf("pods: informer for node %s did not sync: %w", i.node, ctx.Err())
+	}
+	return nil
+}
+
+// Get implements Source.
+func (i *Informer) Get(uid string) (*corev1.Pod, bool) {
+	objs, err := i.informer.GetIndexer().ByIndex(uidIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return nil, false
+	}
+	p, ok := objs[0].(*corev1.Pod)
+	return p, ok
+}
+
+// List implements Source.
+func (i *Informer) List() []*corev1.Pod {
+	objs := i.informer.GetStore().List()
+	out := make([]*corev1.Pod, 0, len(objs))
+	for _, o := range objs {
+		if p, ok := o.(*corev1.Pod); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Err implements Source.
+func (i *Informer) Err() error {
+	if !i.informer.HasSynced() {
+		return errors.New("pods: informer has not synced yet")
+	}
+	return nil
+}
+
+func trimPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	p.ManagedFields = nil
+	if m, ok := p.Annotations[mirrorAnnotation]; ok {
+		p.Annotations = map[string]string{mirrorAnnotation: m}
+	} else {
+		p.Annotations = nil
+	}
+	p.Spec = corev1.PodSpec{NodeName: p.Spec.NodeName}
+	return p, nil
+}

@@ -1,0 +1,49 @@
+// Package pods answers "which pod and container is this?" for the exporter,
+// from one of two sources: a pod informer on the API server limited to this
+// node (the default: a watch, no polling), or the kubelet's own /pods endpoint
+// (no API-server load and no RBAC beyond the node, for clusters that prefer
+// it). Both keep a cache the exporter reads on every scrape without I/O.
+package pods
+
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Source is a node's pods, looked up by UID.
+type Source interface {
+	// Get returns the pod with this UID, or false. The pod is shared: callers
+	// must not modify it.
+	Get(uid string) (*corev1.Pod, bool)
+	// List returns every pod known on the node. Shared, read-only.
+	List() []*corev1.Pod
+	// Err says whether the source is healthy: nil once it has synced and its
+	// last refresh worked.
+	Err() error
+}
+
+// ContainerName returns the name of the container (regular, init or
+// ephemeral) whose runtime ID is containerID (a bare ID as found in cgroup
+// paths, without the "containerd://" scheme).
+func ContainerName(pod *corev1.Pod, containerID string) (string, bool) {
+	if containerID == "" {
+		return "", false
+	}
+	for _, list := range [][]corev1.ContainerStatus{pod.Status.ContainerStatuses, pod.Status.InitContainerStatuses, pod.Status.EphemeralContainerStatuses} {
+		for i := range list {
+			if StripScheme(list[i].ContainerID) == containerID {
+				return list[i].Name, true
+			}
+		}
+	}
+	return "", false
+}
+
+// StripScheme turns "containerd://abc" into "abc".
+func StripScheme(id string) string {
+	if i := strings.Index(id, "://"); i >= 0 {
+		return id[i+3:]
+	}
+	return id
+}
