@@ -1,0 +1,244 @@
+// Package attribution joins what the GPU reports (processes and their memory
+// on each physical GPU), what /proc says about each process (its pod and
+// container) and what the kubelet allocated (replica IDs per container) into
+// per-container usage. It is pure: every input is read by the caller, so the
+// join is table-tested without a node.
+//
+// The central rule: a container's memory on a GPU is the sum of its
+// processes' memory on that physical GPU, counted once, however many replica
+// IDs of that GPU the container holds. Time-sliced replicas are only
+// scheduling tokens; the memory belongs to the processes.
+package attribution
+
+import (
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/internal/podresources"
+	"github.com/gpuslice/gpuslice/internal/pods"
+)
+
+// ProcessRef is what /proc told about one process: the pod UID and container
+// runtime ID of its cgroup.
+type ProcessRef struct {
+	PodUID      string
+	ContainerID string
+}
+
+// Container names a container the Kubernetes way.
+type Container struct {
+	Namespace, Pod, Container string
+	// PodUID is kept for log paths and de-duplication; it is not a label.
+	PodUID string
+}
+
+// Usage is one container's use of one physical GPU.
+type Usage struct {
+	Container
+	GPUIndex      int
+	UUID          string
+	MemoryBytes   uint64
+	SMUtilization float64 // sum over its processes, capped at 1
+	HasSM         bool    // at least one process had an SM sample
+	Processes     int
+}
+
+// Holding is the number of replica IDs of one GPU and resource a container
+// holds.
+type Holding struct {
+	Container
+	UUID     string
+	Resource string
+	IDs      int
+}
+
+// ResourceGPU keys per-GPU, per-resource replica counts.
+type ResourceGPU struct {
+	UUID, Resource string
+}
+
+// Input is everything read for one scrape.
+type Input struct {
+	Devices []gpu.Device
+	// Refs maps a PID to its pod; a PID absent here is a host process, one
+	// that vanished, or one outside Kubernetes.
+	Refs map[int]ProcessRef
+	// Gone holds PIDs that exited between the GPU reading and the /proc
+	// reading. They are skipped: their memory is already freed.
+	Gone map[int]bool
+	// Pods looks pod UIDs up.
+	Pods pods.Source
+	// Allocations is the kubelet's PodResources List (GPU ones or all; non-GPU
+	// device IDs are ignored).
+	Allocations []podresources.Allocation
+	// Allocatable is the kubelet's GetAllocatableResources.
+	Allocatable []podresources.Allocatable
+}
+
+// Result is the join.
+type Result struct {
+	// Usage is sorted by UUID, namespace, pod, container.
+	Usage []Usage
+	// Unattributed is memory on each GPU (by UUID) held by processes that
+	// belong to no known pod container.
+	Unattributed map[string]uint64
+	// Holdings is sorted like Usage.
+	Holdings []Holding
+	// Replicas counts advertised replica IDs per GPU and resource.
+	Replicas map[ResourceGPU]int
+	// Allocated counts distinct allocated replica IDs per GPU and resource.
+	Allocated map[ResourceGPU]int
+}
+
+type usageKey struct {
+	uuid string
+	c    Container
+}
+
+// Join computes the Result. It never fails: what cannot be attributed is
+// reported as unattributed, never dropped.
+func Join(in Input) Result {
+	res := Result{
+		Unattributed: map[string]uint64{},
+		Replicas:     map[ResourceGPU]int{},
+		Allocated:    map[ResourceGPU]int{},
+	}
+
+	// Allocations first: they name containers that hold a GPU, which is also
+	// the fallback for processes whose container ID the pod status does not
+	// show yet (a container that started after the last status update).
+	holdings := map[usageKey]*Holding{}
+	holdersOf := map[podGPU][]Container{} // (namespace/pod, uuid) → holders
+	seenID := map[string]bool{}
+	for _, a := range in.Allocations {
+		for _, raw := range a.DeviceIDs {
+			id, err := podresources.ParseDeviceID(raw)
+			if err != nil {
+				continue
+			}
+			c := Container{Namespace: a.Namespace, Pod: a.Pod, Container: a.Container}
+			k := usageKey{uuid: id.UUID, c: c}
+			h := holdings[k]
+			if h == nil {
+				h = &Holding{Container: c, UUID: id.UUID, Resource: a.Resource}
+				holdings[k] = h
+				pk := podGPU{ns: a.Namespace, pod: a.Pod, uuid: id.UUID}
+				holdersOf[pk] = append(holdersOf[pk], c)
+			}
+			h.IDs++
+			rk := ResourceGPU{UUID: id.UUID, Resource: a.Resource}
+			// The kubelet never gives one ID to two containers, but count
+			// distinct IDs anyway so a kubelet bug cannot inflate the gauge.
+			if key := a.Resource + "\x00" + raw; !seenID[key] {
+				seenID[key] = true
+				res.Allocated[rk]++
+			}
+		}
+	}
+	for _, h := range holdings {
+		res.Holdings = append(res.Holdings, *h)
+	}
+	sort.Slice(res.Holdings, func(i, j int) bool {
+		return less(res.Holdings[i].UUID, res.Holdings[i].Container, res.Holdings[j].UUID, res.Holdings[j].Container)
+	})
+
+	for _, a := range in.Allocatable {
+		for _, raw := range a.DeviceIDs {
+			id, err := podresources.ParseDeviceID(raw)
+			if err != nil {
+				continue
+			}
+			res.Replicas[ResourceGPU{UUID: id.UUID, Resource: a.Resource}]++
+		}
+	}
+
+	usage := map[usageKey]*Usage{}
+	for _, d := range in.Devices {
+		for _, p := range d.Processes {
+			if in.Gone[p.PID] {
+				continue
+			}
+			c, ok := resolve(in, p.PID, d.UUID, holdersOf)
+			if !ok {
+				res.Unattributed[d.UUID] += p.UsedMemoryBytes
+				continue
+			}
+			k := usageKey{uuid: d.UUID, c: c}
+			u := usage[k]
+			if u == nil {
+				u = &Usage{Container: c, GPUIndex: d.Index, UUID: d.UUID}
+				usage[k] = u
+			}
+			u.MemoryBytes += p.UsedMemoryBytes
+			u.Processes++
+			if p.HasSMUtilization {
+				u.HasSM = true
+				u.SMUtilization += p.SMUtilization
+			}
+		}
+		if _, ok := res.Unattributed[d.UUID]; !ok {
+			res.Unattributed[d.UUID] = 0
+		}
+	}
+	for _, u := range usage {
+		if u.SMUtilization > 1 {
+			u.SMUtilization = 1
+		}
+		res.Usage = append(res.Usage, *u)
+	}
+	sort.Slice(res.Usage, func(i, j int) bool {
+		return less(res.Usage[i].UUID, res.Usage[i].Container, res.Usage[j].UUID, res.Usage[j].Container)
+	})
+	return res
+}
+
+type podGPU struct{ ns, pod, uuid string }
+
+// resolve finds the container of a process on GPU uuid.
+func resolve(in Input, pid int, uuid string, holdersOf map[podGPU][]Container) (Container, bool) {
+	ref, ok := in.Refs[pid]
+	if !ok || ref.PodUID == "" || in.Pods == nil {
+		return Container{}, false
+	}
+	pod, ok := in.Pods.Get(ref.PodUID)
+	if !ok {
+		return Container{}, false
+	}
+	if name, ok := pods.ContainerName(pod, ref.ContainerID); ok {
+		return Container{Namespace: pod.Namespace, Pod: pod.Name, Container: name, PodUID: string(pod.UID)}, true
+	}
+	// The status does not list this container ID yet. If exactly one
+	// container of the pod holds this GPU, the process is that container's;
+	// otherwise guessing could blame the wrong one.
+	if h := holdersOf[podGPU{ns: pod.Namespace, pod: pod.Name, uuid: uuid}]; len(h) == 1 {
+		c := h[0]
+		c.PodUID = string(pod.UID)
+		return c, true
+	}
+	if only, ok := onlyContainer(pod); ok {
+		return Container{Namespace: pod.Namespace, Pod: pod.Name, Container: only, PodUID: string(pod.UID)}, true
+	}
+	return Container{}, false
+}
+
+func onlyContainer(p *corev1.Pod) (string, bool) {
+	if len(p.Status.ContainerStatuses) == 1 && len(p.Status.InitContainerStatuses) == 0 {
+		return p.Status.ContainerStatuses[0].Name, true
+	}
+	return "", false
+}
+
+func less(u1 string, c1 Container, u2 string, c2 Container) bool {
+	if u1 != u2 {
+		return u1 < u2
+	}
+	if c1.Namespace != c2.Namespace {
+		return c1.Namespace < c2.Namespace
+	}
+	if c1.Pod != c2.Pod {
+		return c1.Pod < c2.Pod
+	}
+	return c1.Container < c2.Container
+}
