@@ -1,0 +1,205 @@
+// Command gpuslice-exporter exports per-GPU and per-container metrics of a
+// node whose GPUs are shared by time-slicing: NVML (or the simulated node)
+// for devices and processes, the kubelet's PodResources API for replica
+// allocations, /proc for the pod of each process, and pod logs and statuses
+// for GPU out-of-memory events.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gpuslice/gpuslice/internal/exporter"
+	"github.com/gpuslice/gpuslice/internal/flagenv"
+	"github.com/gpuslice/gpuslice/internal/gpu/backend"
+	"github.com/gpuslice/gpuslice/internal/logging"
+	"github.com/gpuslice/gpuslice/internal/oom"
+	"github.com/gpuslice/gpuslice/internal/podresources"
+	"github.com/gpuslice/gpuslice/internal/pods"
+	"github.com/gpuslice/gpuslice/internal/serve"
+)
+
+type options struct {
+	listen, metricsPath, webConfig string
+	backend, simFile               string
+	procfs, podResourcesSocket     string
+	podsSource, kubeconfig         string
+	nodeName, kubeletURL           string
+	kubeletToken, kubeletCA        string
+	kubeletInsecure                bool
+	kubeletInterval                time.Duration
+	podLogs                        string
+	oomPatterns                    stringList
+	oomOff                         bool
+	oomMaxRead                     int64
+	log                            logging.Flags
+}
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("gpuslice-exporter", flag.ContinueOnError)
+	fs.StringVar(&o.listen, "web.listen-address", ":9846", "Address to serve metrics on.")
+	fs.StringVar(&o.metricsPath, "web.telemetry-path", "/metrics", "Path of the metrics.")
+	fs.StringVar(&o.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config (TLS, basic auth).")
+	fs.StringVar(&o.backend, "gpu.backend", backend.NVML, "GPU backend: nvml or sim.")
+	fs.StringVar(&o.simFile, "sim.file", "", "Simulated node file, for --gpu.backend=sim (re-read at every scrape).")
+	fs.StringVar(&o.procfs, "path.procfs", "/proc", "The host's /proc (the exporter runs with hostPID).")
+	fs.StringVar(&o.podResourcesSocket, "kubelet.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "Kubelet PodResources API socket; empty turns allocation metrics off.")
+	fs.StringVar(&o.podsSource, "pods.source", "apiserver", "Where pod names come from: apiserver (a pod informer for this node) or kubelet (its /pods endpoint).")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --pods.source=apiserver; empty means in-cluster.")
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "This node's name (env NODE_NAME).")
+	fs.StringVar(&o.kubeletURL, "kubelet.url", "", "Kubelet base URL for --pods.source=kubelet (default https://$NODE_IP:10250).")
+	fs.StringVar(&o.kubeletToken, "kubelet.token-file", "/var/run/secrets/kubernetes.io/serviceaccount/token", "Bearer token for the kubelet.")
+	fs.StringVar(&o.kubeletCA, "kubelet.ca-file", "", "CA bundle verifying the kubelet's certificate.")
+	fs.BoolVar(&o.kubeletInsecure, "kubelet.insecure-skip-tls-verify", false, "Accept any kubelet certificate (self-signed kubelet certificates).")
+	fs.DurationVar(&o.kubeletInterval, "kubelet.pods-interval", 10*time.Second, "How often --pods.source=kubelet reads /pods.")
+	fs.StringVar(&o.podLogs, "path.pod-logs", "/var/log/pods", "The kubelet's pod log directory, scanned for GPU OOM messages.")
+	fs.Var(&o.oomPatterns, "oom.pattern", "Regular expression of a GPU OOM log line; repeat the flag for several. Default: PyTorch, CUDA, cuBLAS, TensorFlow and JAX messages.")
+	fs.BoolVar(&o.oomOff, "oom.disable", false, "Turn GPU OOM detection off.")
+	fs.Int64Var(&o.oomMaxRead, "oom.max-read-bytes", oom.DefaultMaxReadBytes, "Most bytes read from one log file per scrape.")
+	o.log.Register(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := flagenv.Apply(fs, "GPUSLICE_", nil); err != nil {
+		return nil, err
+	}
+	if o.kubeletURL == "" {
+		if ip := os.Getenv("NODE_IP"); ip != "" {
+			o.kubeletURL = "https://" + ip + ":10250"
+		}
+	}
+	return o, nil
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "gpuslice-exporter:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	o, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	log, err := o.log.Logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+
+	gpus, err := backend.Open(o.backend, o.simFile, log)
+	if err != nil {
+		return err
+	}
+	defer gpus.Close()
+
+	cfg := exporter.Config{GPU: gpus, Procfs: o.procfs, Logger: log}
+	if o.podResourcesSocket != "" {
+		c, err := podresources.NewClient(o.podResourcesSocket)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		cfg.Kubelet = c
+	}
+	src, err := podSource(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	cfg.Pods = src
+	if !o.oomOff {
+		d, err := oom.NewDetector(oom.Config{PodLogsDir: o.podLogs, Patterns: o.oomPatterns, MaxReadBytes: o.oomMaxRead, Logger: log})
+		if err != nil {
+			return err
+		}
+		cfg.OOM = d
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(exporter.New(cfg), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	log.Info("gpuslice-exporter listening", "address", o.listen, "path", o.metricsPath, "backend", o.backend, "pods", o.podsSource)
+	return serve.Run(ctx, serve.Options{
+		Name:          "gpuslice-exporter",
+		Description:   "Per-pod GPU memory, utilization and CUDA OOM events on time-sliced GPUs",
+		ListenAddress: o.listen,
+		MetricsPath:   o.metricsPath,
+		WebConfigFile: o.webConfig,
+		Registry:      reg,
+		Logger:        log,
+	})
+}
+
+func podSource(ctx context.Context, o *options, log *slog.Logger) (pods.Source, error) {
+	switch o.podsSource {
+	case "apiserver":
+		var cfg *rest.Config
+		var err error
+		if o.kubeconfig != "" {
+			cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+		} else {
+			cfg, err = rest.InClusterConfig()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--pods.source=apiserver: %w", err)
+		}
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		inf, err := pods.NewInformer(client, o.nodeName, 0)
+		if err != nil {
+			return nil, err
+		}
+		// Serve metrics while the informer syncs: GPU metrics do not need
+		// pod names, and a slow API server must not make the exporter look
+		// down. The pods collector reports 0 until it has synced.
+		go func() {
+			if err := inf.Start(ctx); err != nil && ctx.Err() == nil {
+				log.Error("pod informer", "err", err)
+			}
+		}()
+		return inf, nil
+	case "kubelet":
+		k, err := pods.NewKubelet(pods.KubeletConfig{
+			URL: o.kubeletURL, TokenFile: o.kubeletToken, CAFile: o.kubeletCA,
+			InsecureSkipVerify: o.kubeletInsecure, Interval: o.kubeletInterval, Logger: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := k.Start(ctx); err != nil {
+			log.Warn("first read of the kubelet's pods failed; retrying", "err", err)
+		}
+		return k, nil
+	case "none":
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("unknown --pods.source %q (want apiserver, kubelet or none)", o.podsSource)
+	}
+}

@@ -1,0 +1,106 @@
+package exporter
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuslice/gpuslice/internal/attribution"
+	"github.com/gpuslice/gpuslice/internal/gpu"
+)
+
+const ns = "gpuslice"
+
+var (
+	gpuLabels       = []string{"gpu", "uuid"}
+	containerLabels = []string{"namespace", "pod", "container", "gpu", "uuid"}
+
+	gpuInfo = prometheus.NewDesc(ns+"_gpu_info",
+		"Information about a GPU; always 1.", []string{"gpu", "uuid", "name", "driver_version"}, nil)
+	gpuMemTotal = prometheus.NewDesc(ns+"_gpu_memory_total_bytes",
+		"Total memory of the GPU.", gpuLabels, nil)
+	gpuMemUsed = prometheus.NewDesc(ns+"_gpu_memory_used_bytes",
+		"Memory in use on the GPU, by any process.", gpuLabels, nil)
+	gpuUtil = prometheus.NewDesc(ns+"_gpu_utilization_ratio",
+		"Share of the last sample period during which a kernel ran on the GPU (0..1).", gpuLabels, nil)
+	gpuTemp = prometheus.NewDesc(ns+"_gpu_temperature_celsius",
+		"GPU core temperature.", gpuLabels, nil)
+	gpuPower = prometheus.NewDesc(ns+"_gpu_power_watts",
+		"GPU power draw.", gpuLabels, nil)
+	gpuXid = prometheus.NewDesc(ns+"_gpu_xid_errors_total",
+		"Xid error events reported by the driver since the exporter started.", []string{"gpu", "uuid", "xid"}, nil)
+	gpuReplicas = prometheus.NewDesc(ns+"_gpu_replicas",
+		"Replica IDs of the GPU that the kubelet can allocate, per resource (1 for an unshared GPU).", []string{"gpu", "uuid", "resource"}, nil)
+	gpuReplicasAllocated = prometheus.NewDesc(ns+"_gpu_replicas_allocated",
+		"Replica IDs of the GPU allocated to containers, per resource.", []string{"gpu", "uuid", "resource"}, nil)
+	containerAlloc = prometheus.NewDesc(ns+"_container_gpu_allocation",
+		"Replica IDs of the GPU that the container holds.", []string{"namespace", "pod", "container", "gpu", "uuid", "resource"}, nil)
+	containerMem = prometheus.NewDesc(ns+"_container_gpu_memory_used_bytes",
+		"GPU memory used by the container's processes on this physical GPU, counted once however many replica IDs it holds.", containerLabels, nil)
+	containerUtil = prometheus.NewDesc(ns+"_container_gpu_utilization_ratio",
+		"Share of the GPU's SMs the container's processes kept busy in the last sample period (0..1).", containerLabels, nil)
+	containerProcs = prometheus.NewDesc(ns+"_container_gpu_processes",
+		"Processes of the container with a context on the GPU.", containerLabels, nil)
+	unattributedMem = prometheus.NewDesc(ns+"_unattributed_gpu_memory_used_bytes",
+		"GPU memory used by processes that belong to no known pod container (host processes, pods not known yet).", gpuLabels, nil)
+	oomEvents = prometheus.NewDesc(ns+"_gpu_oom_events_total",
+		"GPU out-of-memory failures of a container, from its log or its termination status, each failure counted once.",
+		[]string{"namespace", "pod", "container", "gpu", "uuid", "source"}, nil)
+	collectDuration = prometheus.NewDesc(ns+"_exporter_collect_duration_seconds",
+		"Time the collector took in the last scrape.", []string{"collector"}, nil)
+	collectSuccess = prometheus.NewDesc(ns+"_exporter_collect_success",
+		"1 when the collector read everything in the last scrape, 0 when part or all of it failed.", []string{"collector"}, nil)
+)
+
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func emitDevices(ch chan<- prometheus.Metric, s gpu.Snapshot) {
+	for _, d := range s.Devices {
+		idx := strconv.Itoa(d.Index)
+		gauge(ch, gpuInfo, 1, idx, d.UUID, d.Name, s.DriverVersion)
+		gauge(ch, gpuMemTotal, float64(d.MemoryTotalBytes), idx, d.UUID)
+		gauge(ch, gpuMemUsed, float64(d.MemoryUsedBytes), idx, d.UUID)
+		gauge(ch, gpuUtil, d.Utilization, idx, d.UUID)
+		gauge(ch, gpuTemp, d.TemperatureCelsius, idx, d.UUID)
+		gauge(ch, gpuPower, d.PowerWatts, idx, d.UUID)
+	}
+}
+
+func emitXids(ch chan<- prometheus.Metric, xids []gpu.XidCount) {
+	for _, x := range xids {
+		ch <- prometheus.MustNewConstMetric(gpuXid, prometheus.CounterValue, float64(x.Count),
+			strconv.Itoa(x.Index), x.UUID, strconv.FormatUint(x.Xid, 10))
+	}
+}
+
+func emitAttribution(ch chan<- prometheus.Metric, r attribution.Result, index map[string]string) {
+	for k, n := range r.Replicas {
+		gauge(ch, gpuReplicas, float64(n), index[k.UUID], k.UUID, k.Resource)
+	}
+	// A GPU with advertised replicas and no allocation reports 0, so the
+	// dashboards can show "0 of 4 used" rather than no data.
+	for k := range r.Replicas {
+		if _, ok := r.Allocated[k]; !ok {
+			gauge(ch, gpuReplicasAllocated, 0, index[k.UUID], k.UUID, k.Resource)
+		}
+	}
+	for k, n := range r.Allocated {
+		gauge(ch, gpuReplicasAllocated, float64(n), index[k.UUID], k.UUID, k.Resource)
+	}
+	for _, h := range r.Holdings {
+		gauge(ch, containerAlloc, float64(h.IDs), h.Namespace, h.Pod, h.Container.Container, index[h.UUID], h.UUID, h.Resource)
+	}
+	for _, u := range r.Usage {
+		idx := strconv.Itoa(u.GPUIndex)
+		gauge(ch, containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+		gauge(ch, containerProcs, float64(u.Processes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+		if u.HasSM {
+			gauge(ch, containerUtil, u.SMUtilization, u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+		}
+	}
+	for uuid, b := range r.Unattributed {
+		gauge(ch, unattributedMem, float64(b), index[uuid], uuid)
+	}
+}
