@@ -186,12 +186,12 @@ func (d *Detector) newStream(path string, n int) *stream {
 
 // readStream reads what is new in one instance's log, up to maxRead bytes
 // from each of its files. It returns false once the stream has no file left.
-func (d *Detector) readStream(sc *scan, st *stream) (keep bool) {
+func (d *Detector) readStream(sc *scan, st *stream) bool {
 	fi, err := os.Stat(st.path)
+	missing := errors.Is(err, fs.ErrNotExist)
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	case missing:
 		st.rotated()
-		defer func() { keep = len(st.old) > 0 }()
 	case err != nil:
 		d.logStream(sc, st, "reading log file", "path", st.path, "err", err)
 		return true
@@ -241,7 +241,7 @@ func (d *Detector) readStream(sc *scan, st *stream) (keep bool) {
 	if st.cur != nil {
 		d.readFile(sc, st, st.cur)
 	}
-	return true
+	return !missing
 }
 
 // rotated moves the current file to the files to finish, to be found by
@@ -257,6 +257,9 @@ func (st *stream) rotated() {
 // locate finds a rotated file by its identity among N.log.<suffix>, listing
 // the directory again if the listing of this Scan is older than the rename.
 func (d *Detector) locate(sc *scan, st *stream, id ident) string {
+	if id == (ident{}) {
+		return "" // no inodes on this system: any file would look like it
+	}
 	prefix := filepath.Base(st.path) + "."
 	for attempt := 0; attempt < 2; attempt++ {
 		for _, name := range sc.names {
