@@ -17,7 +17,16 @@
 // so a raise is sized for the hungriest pod seen, not for an average one: on
 // the seed homelab the mean of RIFE (8 GiB), YOLO and Real-ESRGAN (6 GiB) and
 // FFmpeg (0.5 GiB) is 5 GiB, and a raise sized for 5 GiB that admits a second
-// RIFE crashes it. Capacity is floor(TargetUtilization × total / F).
+// RIFE crashes it.
+//
+// Capacity. Pods already running are measured, so only the pods a raise would
+// add are priced at F: a sample fits a count R when used + (R − allocated) × F
+// <= TargetUtilization × total, and the capacity is the largest R that every
+// sample of the window fits, allocated + floor((TargetUtilization × total −
+// used) / F) at the tightest sample. (Pricing every pod at F, floor(
+// TargetUtilization × total / F), treats the 0.5 GiB FFmpeg like an 8 GiB
+// RIFE; on the seed trace it held the node at 5 replicas with 20 GiB of 48 in
+// use and more than doubled the time pods waited.)
 //
 // Lowering, at once:
 //   - GPU OOM. Any OOM event in the window proves that the pods holding
@@ -29,20 +38,25 @@
 //     mix repeating every few seconds does not ratchet the count down; a new
 //     OOM at a smaller mix lowers further.
 //   - Memory pressure. Used/total at or above PressureThreshold in every
-//     sample of the last PressureWindow lowers to min(current−1, allocated
-//     now): nobody more is admitted while the GPU is nearly full. Its guard
-//     against flapping: no lowering for pressure within PressureWindow of the
-//     last change (an OOM is never held back).
+//     sample of the last PressureWindow says the pods holding replicas now
+//     fill the GPU too far: the target is one less than the latest allocated
+//     count (the current count when unknown), never above the current count.
+//     Like the OOM rule it does not ratchet while the same pods keep the
+//     pressure up, since lowering below them stops nothing that runs. Its
+//     guard against flapping: no lowering for pressure within PressureWindow
+//     of the last change (an OOM is never held back).
 //   - Above MaxReplicas: lowered to MaxReplicas.
 //
-// Raising, by at most MaxStepUp, only when all of these hold: no OOM in the
-// window; the samples cover the whole window; Cooldown has passed since the
-// last change; the latest sample advertises the current count (the last
-// change has taken effect); and every sample of the window would still have
-// fit the raised count: used + (raised − allocated) × F <= TargetUtilization
-// × total, i.e. each extra pod is expected to bring F. The raise is also
-// capped by capacity and MaxReplicas. Below MinReplicas the count is raised
-// to MinReplicas at once.
+// Raising, by at most MaxStepUp and never past MaxReplicas or the capacity,
+// only when all of these hold: no OOM in the window; the samples cover the
+// whole window; Cooldown has passed since the last change; the latest sample
+// advertises the current count (the last change has taken effect); and every
+// replica is allocated in the latest sample. The last condition is the only
+// sign of demand the signals carry (pods wait only when every replica is
+// taken): a raise into free replicas helps nobody now and bets on later
+// memory with today's numbers. On the seed trace, raising into free replicas
+// carried a quiet night's 7 replicas into the day and cost 18 OOM events
+// instead of 3. Below MinReplicas the count is raised to MinReplicas at once.
 //
 // Replicas 1 means exclusive: the applier writes a config without `sharing`,
 // because NVIDIA rejects replicas below 2. Pods already holding replica IDs
@@ -68,13 +82,14 @@ const (
 	ReasonAboveMaximum         = "AboveMaximum"         // down
 	ReasonRecentOOM            = "RecentOOM"            // hold: an OOM in the window forbids raising
 	ReasonMemoryPressureGuard  = "MemoryPressureGuard"  // hold: pressure, but a change was made less than PressureWindow ago
+	ReasonOngoingPressure      = "OngoingPressure"      // hold: pressure, the count is already below the pods causing it
 	ReasonAtMaximum            = "AtMaximum"            // hold
 	ReasonCooldown             = "Cooldown"             // hold
 	ReasonInsufficientHistory  = "InsufficientHistory"  // hold: samples do not cover the window
 	ReasonAwaitingApply        = "AwaitingApply"        // hold: advertised count differs from the current one
+	ReasonFreeReplicas         = "FreeReplicas"         // hold: not every replica is allocated, nobody needs more
 	ReasonNoWorkload           = "NoWorkload"           // hold: no container memory seen, no footprint
-	ReasonAtCapacity           = "AtCapacity"           // hold: capacity from the footprint allows no more
-	ReasonInsufficientHeadroom = "InsufficientHeadroom" // hold: some sample would not have fit one more
+	ReasonInsufficientHeadroom = "InsufficientHeadroom" // hold: capacity allows no more
 	ReasonNoGPUs               = "NoGPUs"               // hold: nothing observed on the node
 )
 
@@ -226,6 +241,8 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	switch {
 	case ooms > 0:
 		return hold(ReasonRecentOOM, "%d GPU OOM event(s) in the last %s, keeping %d replicas", ooms, cfg.Window, cur)
+	case pressed && pressTarget >= cur:
+		return hold(ReasonOngoingPressure, "%s; %d replicas is already below them, keeping it", pressMsg, cur)
 	case pressed:
 		return hold(ReasonMemoryPressureGuard, "%s, but the last change was %s ago (< pressureWindow %s), keeping %d replicas",
 			pressMsg, sinceChange, cfg.PressureWindow, cur)
@@ -241,15 +258,13 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if latest.ReplicasAdvertised != 0 && latest.ReplicasAdvertised != cur {
 		return hold(ReasonAwaitingApply, "%d replicas advertised, %d decided: the last change has not taken effect", latest.ReplicasAdvertised, cur)
 	}
+	if latest.ReplicasAllocated < cur {
+		return hold(ReasonFreeReplicas, "%d of %d replicas are free, no pod needs another, keeping %d replicas", cur-latest.ReplicasAllocated, cur, cur)
+	}
 	if v.footprint == 0 {
 		return hold(ReasonNoWorkload, "no container memory seen in the last %s, no footprint to size a raise, keeping %d replicas", cfg.Window, cur)
 	}
-	capacity := int(math.Floor(cfg.TargetUtilization * float64(latest.MemoryTotalBytes) / float64(v.footprint)))
-	want := min(cur+cfg.MaxStepUp, cfg.MaxReplicas, capacity)
-	if want <= cur {
-		return hold(ReasonAtCapacity, "footprint %s, %.0f%% of %s fits %d pods, keeping %d replicas",
-			gib(v.footprint), 100*cfg.TargetUtilization, gib(latest.MemoryTotalBytes), capacity, cur)
-	}
+	want := min(cur+cfg.MaxStepUp, cfg.MaxReplicas)
 	fit, worst := v.fit()
 	if fit <= cur {
 		return hold(ReasonInsufficientHeadroom, "at %s %s of %s used with %d allocated: one more pod of %s would pass %.0f%%, keeping %d replicas",
@@ -258,8 +273,8 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	}
 	to := min(want, fit)
 	return Decision{Replicas: to, Reason: ReasonSustainedHeadroom, Message: fmt.Sprintf(
-		"for %s every sample had room for %d more pods of %s under %.0f%% (tightest: %s of %s used with %d allocated), raising %d -> %d",
-		cfg.Window, fit-cur, gib(v.footprint), 100*cfg.TargetUtilization,
+		"for %s every sample would have fit %d replicas, each new pod taking %s, under %.0f%% (tightest: %s of %s used with %d allocated), raising %d -> %d",
+		cfg.Window, fit, gib(v.footprint), 100*cfg.TargetUtilization,
 		gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated, cur, to)}
 }
 
@@ -303,7 +318,13 @@ func (v gpuView) pressure() (bool, int, string) {
 		lowest = min(lowest, r)
 	}
 	alloc := ss[len(ss)-1].ReplicasAllocated
-	target := max(min(v.cur-1, alloc), v.cfg.MinReplicas)
+	target := v.cur
+	if alloc > 0 {
+		target = min(target, alloc-1)
+	} else {
+		target = v.cur - 1
+	}
+	target = max(target, v.cfg.MinReplicas)
 	return true, target, fmt.Sprintf("memory at or above %.0f%% for %s (lowest %.1f%%) with %d allocated",
 		100*v.cfg.PressureThreshold, v.cfg.PressureWindow, 100*lowest, alloc)
 }

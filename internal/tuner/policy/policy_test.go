@@ -88,9 +88,9 @@ func TestDecide(t *testing.T) {
 		{"raise is bounded by maxStepUp", cfg(func(c *Config) { c.MaxStepUp = 2 }),
 			node(2, time.Time{}, history(10*time.Minute, steady(8*GiB, 2, 2, map[string]uint64{"a": 4 * GiB, "b": 4 * GiB}))),
 			4, ReasonSustainedHeadroom, DirectionUp},
-		{"raise is bounded by the capacity of the footprint", cfg(func(c *Config) { c.MaxStepUp = 4 }),
-			// 43.2 GiB / 8 GiB = 5, though 43.2 - 20.5 GiB used would take two more 8 GiB pods
-			node(4, time.Time{}, roomy), 5, ReasonSustainedHeadroom, DirectionUp},
+		{"running pods are measured, only new pods are priced at the footprint", cfg(func(c *Config) { c.MaxStepUp = 4 }),
+			// 43.2 GiB target - 20.5 GiB used takes two more 8 GiB pods, though 43.2 / 8 = 5
+			node(4, time.Time{}, roomy), 6, ReasonSustainedHeadroom, DirectionUp},
 		{"raise is bounded by the headroom of the tightest sample", cfg(func(c *Config) { c.MaxStepUp = 4 }),
 			// 43.2 GiB target - 38 GiB used leaves room for two 2 GiB pods
 			node(2, time.Time{}, with(history(10*time.Minute, steady(4*GiB, 2, 2, map[string]uint64{"a": 2 * GiB, "b": 2 * GiB})),
@@ -108,11 +108,15 @@ func TestDecide(t *testing.T) {
 		{"no raise while the change is not advertised yet", def,
 			node(5, time.Time{}, roomy), 5, ReasonAwaitingApply, DirectionNone},
 		{"no raise without a footprint", def,
-			node(4, time.Time{}, history(10*time.Minute, steady(GiB, 0, 4, nil))), 4, ReasonNoWorkload, DirectionNone},
-		{"no raise past the capacity of the footprint", def,
-			// 43.2 GiB / 18 GiB = 2
-			node(2, time.Time{}, history(10*time.Minute, steady(20*GiB, 2, 2, map[string]uint64{"train": 18 * GiB, "ffmpeg": GiB}))),
-			2, ReasonAtCapacity, DirectionNone},
+			node(4, time.Time{}, history(10*time.Minute, steady(GiB, 4, 4, nil))), 4, ReasonNoWorkload, DirectionNone},
+		{"no raise when the largest pod would not fit", def,
+			// 43.2 GiB target - 30 GiB used < 18 GiB
+			node(2, time.Time{}, history(10*time.Minute, steady(30*GiB, 2, 2, map[string]uint64{"train": 18 * GiB, "ffmpeg": GiB}))),
+			2, ReasonInsufficientHeadroom, DirectionNone},
+		{"no raise into free replicas", def,
+			node(5, time.Time{}, history(10*time.Minute, steady(servicesUsed, 4, 5, servicePeaks))), 5, ReasonFreeReplicas, DirectionNone},
+		{"pods above a lowered count that fit again win their replicas back", def,
+			node(5, time.Time{}, history(10*time.Minute, steady(servicesUsed, 6, 5, servicePeaks))), 6, ReasonSustainedHeadroom, DirectionUp},
 		{"no raise when one sample lacked room", def,
 			node(4, time.Time{}, with(roomy, func(i int, _ Sample) bool { return i == 20 }, func(s *Sample) { s.MemoryUsedBytes = 36 * GiB })),
 			4, ReasonInsufficientHeadroom, DirectionNone},
@@ -138,9 +142,17 @@ func TestDecide(t *testing.T) {
 		{"an OOM is not held back by a recent change", def,
 			node(6, now.Add(-10*time.Second), with(roomy, last(1), oomAt(6))), 5, ReasonGPUOOM, DirectionDown},
 		{"lower on sustained pressure", def, node(6, time.Time{}, pressured), 5, ReasonMemoryPressure, DirectionDown},
-		{"pressure with free replicas stops admissions", def,
+		{"pressure lowers below the pods that cause it, free replicas or not", def,
 			node(8, time.Time{}, with(pressured, func(int, Sample) bool { return true }, func(s *Sample) { s.ReplicasAdvertised, s.ReplicasAllocated = 8, 3 })),
-			3, ReasonMemoryPressure, DirectionDown},
+			2, ReasonMemoryPressure, DirectionDown},
+		{"pressure from the same pods does not ratchet the count down", def,
+			node(5, now.Add(-time.Hour), pressured), 5, ReasonOngoingPressure, DirectionNone},
+		{"pressure from fewer pods lowers further", def,
+			node(5, now.Add(-time.Hour), with(pressured, func(int, Sample) bool { return true }, func(s *Sample) { s.ReplicasAllocated = 5 })),
+			4, ReasonMemoryPressure, DirectionDown},
+		{"pressure with an unknown allocation lowers the current count by one", def,
+			node(6, time.Time{}, with(pressured, func(int, Sample) bool { return true }, func(s *Sample) { s.ReplicasAllocated = 0 })),
+			5, ReasonMemoryPressure, DirectionDown},
 		{"pressure guard: no second lowering within pressureWindow", def,
 			node(6, now.Add(-def.PressureWindow+time.Second), pressured), 6, ReasonMemoryPressureGuard, DirectionNone},
 		{"pressure shorter than pressureWindow is not sustained", def,
@@ -181,16 +193,19 @@ func TestDecideFootprintAndMessage(t *testing.T) {
 	if d.FootprintBytes != 8*GiB {
 		t.Errorf("footprint = %d, want the largest container peak %d", d.FootprintBytes, 8*GiB)
 	}
-	for _, want := range []string{"GPU-a6000", "8.0 GiB", "20.5 GiB", "4 -> 5"} {
+	for _, want := range []string{"GPU-a6000", "fit 6 replicas", "8.0 GiB", "20.5 GiB", "4 -> 5"} {
 		if !strings.Contains(d.Message, want) {
 			t.Errorf("message %q lacks %q", d.Message, want)
 		}
 	}
-	// A container peak seen once, 9 minutes ago, still sizes the raise.
+	// A container peak seen once, 9 minutes ago, still sizes the raise: one
+	// more 18 GiB pod fits beside 20.5 GiB, two would not.
+	cfg := DefaultConfig()
+	cfg.MaxStepUp = 4
 	ss := history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
 	ss[4].ContainerPeaks = map[string]uint64{"batch/train/train": 18 * GiB}
-	if d := Decide(DefaultConfig(), node(4, time.Time{}, ss)); d.FootprintBytes != 18*GiB || d.Reason != ReasonAtCapacity {
-		t.Errorf("got footprint %d reason %s, want 18 GiB AtCapacity (%s)", d.FootprintBytes, d.Reason, d.Message)
+	if d := Decide(cfg, node(4, time.Time{}, ss)); d.FootprintBytes != 18*GiB || d.Replicas != 5 {
+		t.Errorf("got footprint %d, %d replicas, want 18 GiB and 5 (%s)", d.FootprintBytes, d.Replicas, d.Message)
 	}
 }
 
