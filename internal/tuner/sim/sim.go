@@ -1,0 +1,392 @@
+// Package sim replays a trace of pods on one time-sliced GPU under a replica
+// policy, offline, and sums up how it went: GPU OOM events, time pods waited
+// for a replica, time they held one, replica changes. `gpuslice-tuner
+// simulate` prints its Result.
+//
+// The replay follows DESIGN.md, "Trace file for simulate". It is event
+// driven and exact: a pod waits (first come, first served) until a replica is
+// free and keeps it until its run ends. When the running pods' memory sum
+// passes the GPU's total, the pod whose memory grew at that moment, or that
+// just started, fails with an OOM event, keeps its replica and starts again
+// RestartDelay later from the beginning of its memory timeline, its run
+// clock still going. Lowering replicas never stops a running pod.
+//
+// Events at one instant happen in this order: pods end; memory changes, all
+// decreases before any increase, increases one pod at a time in trace order
+// (so exactly one pod is blamed for passing the total); arrivals queue up;
+// on a tick, the policy samples and decides; waiting pods are admitted.
+//
+// Every Tick (the controller's sampling interval) the GPU is sampled as the
+// controller samples it: total and used memory at the tick, each container's
+// peak since the previous tick, OOM events since the previous tick, replicas
+// advertised and allocated. The policy sees the samples of its History
+// window in a policy.Observation, so `tuner` runs policy.Decide itself. A
+// change takes effect at once.
+package sim
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
+
+// RestartDelay is how long a pod killed by a GPU OOM waits before it starts
+// again.
+const RestartDelay = 30 * time.Second
+
+// Epoch is the wall-clock time of a trace's 0s, for the observations handed
+// to policies.
+var Epoch = time.Date(2026, 1, 24, 0, 0, 0, 0, time.UTC)
+
+// ErrBadPolicy wraps errors about a policy name or a policy's answer.
+var ErrBadPolicy = errors.New("bad policy")
+
+// Policy decides the replica count during a replay.
+type Policy interface {
+	// Name is how the result names the policy: "tuner", "static:4".
+	Name() string
+	// Start is the count at 0s, given the trace's initialReplicas.
+	Start(initial int) int
+	// Tick is how often the GPU is sampled and the policy asked.
+	Tick() time.Duration
+	// History is how far back the samples handed to Decide go.
+	History() time.Duration
+	Decide(obs policy.Observation) policy.Decision
+}
+
+// Tuner is the tuner's own policy, policy.Decide with Config.
+type Tuner struct{ Config policy.Config }
+
+func (Tuner) Name() string                                    { return "tuner" }
+func (Tuner) Start(initial int) int                           { return initial }
+func (t Tuner) Tick() time.Duration                           { return t.Config.SampleInterval }
+func (t Tuner) History() time.Duration                        { return t.Config.Window }
+func (t Tuner) Decide(obs policy.Observation) policy.Decision { return policy.Decide(t.Config, obs) }
+
+// Static keeps Replicas for the whole replay, whatever the trace's
+// initialReplicas: what a hand-written device-plugin config does.
+type Static struct{ Replicas int }
+
+func (s Static) Name() string         { return "static:" + strconv.Itoa(s.Replicas) }
+func (s Static) Start(int) int        { return s.Replicas }
+func (Static) Tick() time.Duration    { return 15 * time.Second }
+func (Static) History() time.Duration { return 0 }
+func (s Static) Decide(policy.Observation) policy.Decision {
+	return policy.Decision{Replicas: s.Replicas, Reason: "Static", Message: "static policy"}
+}
+
+// ParsePolicy reads "tuner" (policy.Decide with cfg) or "static:N" (N >= 1).
+func ParsePolicy(spec string, cfg policy.Config) (Policy, error) {
+	if spec == "tuner" {
+		if err := cfg.Validate(); err != nil {
+			return nil, err
+		}
+		return Tuner{Config: cfg}, nil
+	}
+	if n, ok := strings.CutPrefix(spec, "static:"); ok {
+		r, err := strconv.Atoi(n)
+		if err != nil || r < 1 {
+			return nil, fmt.Errorf("%w: %q: N in static:N must be a whole number >= 1", ErrBadPolicy, spec)
+		}
+		return Static{Replicas: r}, nil
+	}
+	return nil, fmt.Errorf("%w: %q: want tuner or static:N", ErrBadPolicy, spec)
+}
+
+// Result sums up a replay. Pod-seconds are summed over pods and end at the
+// trace's duration.
+type Result struct {
+	Policy    string `json:"policy"`
+	OOMEvents int    `json:"oomEvents"`
+	// PodSecondsPending is time pods waited for a replica, counting pods
+	// still waiting at the end up to the end.
+	PodSecondsPending float64 `json:"podSecondsPending"`
+	// PodSecondsRunning is time pods held a replica, OOM restarts included.
+	PodSecondsRunning float64 `json:"podSecondsRunning"`
+	ReplicaChanges    int     `json:"replicaChanges"`
+	FinalReplicas     int     `json:"finalReplicas"`
+	// PodSecondsLost is work thrown away by OOMs: from the start of each
+	// failed attempt to its OOM, plus the wait before the restart.
+	PodSecondsLost float64 `json:"podSecondsLost"`
+	Pods           int     `json:"pods"`
+	// PodsCompleted ran their whole run within the trace.
+	PodsCompleted int `json:"podsCompleted"`
+	// PodsNeverStarted were still waiting at the end.
+	PodsNeverStarted int `json:"podsNeverStarted"`
+	// PodsWithOOM failed at least once.
+	PodsWithOOM int `json:"podsWithOOM"`
+	// MaxPendingSeconds is the longest a single pod waited.
+	MaxPendingSeconds float64  `json:"maxPendingSeconds"`
+	MinReplicas       int      `json:"minReplicas"`
+	MaxReplicas       int      `json:"maxReplicas"`
+	Changes           []Change `json:"changes"`
+}
+
+// Change is one replica change.
+type Change struct {
+	Seconds float64 `json:"t"`
+	At      string  `json:"at"` // the same instant as a Go duration, for people
+	From    int     `json:"from"`
+	To      int     `json:"to"`
+	Reason  string  `json:"reason"`
+	Message string  `json:"message"`
+}
+
+type podState int
+
+const (
+	notArrived podState = iota
+	waiting
+	running
+	restarting // killed by an OOM, holding its replica until RestartDelay passes
+	finished
+)
+
+type podRun struct {
+	*Pod
+	index     int
+	state     podState
+	admitted  time.Duration
+	end       time.Duration // admitted + Run
+	attempt   time.Duration // start of the current memory timeline
+	step      int           // current step of Memory
+	mem       uint64
+	restartAt time.Duration
+	peak      uint64 // since the previous tick
+	seen      bool   // ran at some point since the previous tick
+	ooms      int
+}
+
+// nextStep is when the pod's memory next changes, or -1.
+func (p *podRun) nextStep() time.Duration {
+	if p.state != running || p.step+1 >= len(p.Memory) {
+		return -1
+	}
+	return p.attempt + p.Memory[p.step+1].At
+}
+
+type replay struct {
+	tr       *Trace
+	pol      Policy
+	pods     []*podRun
+	arrivals []*podRun // by arrival, then trace order
+	next     int       // next arrival
+	queue    []*podRun // waiting, first come first served
+	used     uint64
+	held     int // pods holding a replica
+	replicas int
+	changed  time.Time
+	samples  []policy.Sample
+	newOOMs  int // since the previous tick
+	nextTick time.Duration
+	res      Result
+	pending  time.Duration
+	lost     time.Duration
+}
+
+// Run replays tr under p. It is deterministic.
+func Run(tr *Trace, p Policy) (*Result, error) {
+	if p.Tick() <= 0 {
+		return nil, fmt.Errorf("%w: %s: tick must be > 0", ErrBadPolicy, p.Name())
+	}
+	r := &replay{tr: tr, pol: p, replicas: p.Start(tr.InitialReplicas)}
+	if r.replicas < 1 {
+		return nil, fmt.Errorf("%w: %s starts at %d replicas", ErrBadPolicy, p.Name(), r.replicas)
+	}
+	for i := range tr.Pods {
+		r.pods = append(r.pods, &podRun{Pod: &tr.Pods[i], index: i})
+	}
+	r.arrivals = slices.Clone(r.pods)
+	slices.SortStableFunc(r.arrivals, func(a, b *podRun) int { return cmp.Compare(a.Arrive, b.Arrive) })
+	r.res = Result{Policy: p.Name(), Pods: len(tr.Pods), MinReplicas: r.replicas, MaxReplicas: r.replicas, Changes: []Change{}}
+
+	for t := time.Duration(0); t < tr.Duration; t = r.nextEvent(t) {
+		r.endRuns(t)
+		r.changeMemory(t)
+		for ; r.next < len(r.arrivals) && r.arrivals[r.next].Arrive == t; r.next++ {
+			r.arrivals[r.next].state = waiting
+			r.queue = append(r.queue, r.arrivals[r.next])
+		}
+		if t == r.nextTick {
+			if err := r.tick(t); err != nil {
+				return nil, err
+			}
+			r.nextTick += p.Tick()
+		}
+		r.admit(t)
+	}
+	r.finish()
+	return &r.res, nil
+}
+
+// nextEvent is the first instant after t at which something happens, or the
+// trace's end.
+func (r *replay) nextEvent(t time.Duration) time.Duration {
+	next := min(r.nextTick, r.tr.Duration)
+	if r.next < len(r.arrivals) {
+		next = min(next, r.arrivals[r.next].Arrive)
+	}
+	for _, p := range r.pods {
+		switch p.state {
+		case running:
+			next = min(next, p.end)
+			if s := p.nextStep(); s > t {
+				next = min(next, s)
+			}
+		case restarting:
+			next = min(next, p.end, p.restartAt)
+		}
+	}
+	return next
+}
+
+func (r *replay) endRuns(t time.Duration) {
+	for _, p := range r.pods {
+		if (p.state == running || p.state == restarting) && p.end == t {
+			r.setMemory(p, 0)
+			p.state = finished
+			r.held--
+		}
+	}
+}
+
+// changeMemory applies the memory steps and restarts due at t.
+func (r *replay) changeMemory(t time.Duration) {
+	type change struct {
+		p  *podRun
+		to uint64
+	}
+	var changes []change
+	for _, p := range r.pods {
+		switch {
+		case p.state == restarting && p.restartAt == t:
+			p.state, p.attempt, p.step = running, t, 0
+			changes = append(changes, change{p, p.Memory[0].Bytes})
+		case p.nextStep() == t:
+			p.step++
+			changes = append(changes, change{p, p.Memory[p.step].Bytes})
+		}
+	}
+	for _, c := range changes {
+		if c.to <= c.p.mem {
+			r.setMemory(c.p, c.to)
+		}
+	}
+	for _, c := range changes {
+		if c.to > c.p.mem {
+			r.grow(c.p, c.to, t)
+		}
+	}
+}
+
+// grow raises a pod's memory, or fails it with an OOM when the GPU's total
+// would be passed.
+func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
+	if r.used-p.mem+to <= r.tr.MemoryTotalBytes {
+		r.setMemory(p, to)
+		return
+	}
+	r.res.OOMEvents++
+	r.newOOMs++
+	p.ooms++
+	r.lost += t - p.attempt + min(RestartDelay, p.end-t, r.tr.Duration-t)
+	r.setMemory(p, 0)
+	p.state, p.restartAt = restarting, t+RestartDelay
+}
+
+func (r *replay) setMemory(p *podRun, to uint64) {
+	r.used = r.used - p.mem + to
+	p.mem = to
+	if p.state == running {
+		p.peak, p.seen = max(p.peak, to), true
+	}
+}
+
+// tick samples the GPU as the controller would and asks the policy.
+func (r *replay) tick(t time.Duration) error {
+	now := Epoch.Add(t)
+	s := policy.Sample{
+		Time:               now,
+		MemoryTotalBytes:   r.tr.MemoryTotalBytes,
+		MemoryUsedBytes:    r.used,
+		ContainerPeaks:     map[string]uint64{},
+		OOMEvents:          r.newOOMs,
+		ReplicasAdvertised: r.replicas,
+		ReplicasAllocated:  r.held,
+	}
+	for _, p := range r.pods {
+		if p.seen {
+			s.ContainerPeaks[p.Name] = p.peak
+		}
+		p.peak, p.seen = p.mem, p.state == running
+	}
+	r.newOOMs = 0
+	r.samples = append(r.samples, s)
+	from := now.Add(-r.pol.History())
+	drop := 0
+	for drop < len(r.samples) && r.samples[drop].Time.Before(from) {
+		drop++
+	}
+	r.samples = r.samples[drop:]
+
+	d := r.pol.Decide(policy.Observation{
+		Node: "sim", Now: now, CurrentReplicas: r.replicas, LastChange: r.changed,
+		GPUs: []policy.GPUObservation{{UUID: "GPU-sim-0", Samples: r.samples}},
+	})
+	if d.Replicas < 1 {
+		return fmt.Errorf("%w: %s answered %d replicas at %s (%s)", ErrBadPolicy, r.pol.Name(), d.Replicas, t, d.Reason)
+	}
+	if d.Replicas != r.replicas {
+		r.res.Changes = append(r.res.Changes, Change{Seconds: t.Seconds(), At: t.String(), From: r.replicas, To: d.Replicas,
+			Reason: d.Reason, Message: d.Message})
+		r.replicas, r.changed = d.Replicas, now
+		r.res.MinReplicas = min(r.res.MinReplicas, r.replicas)
+		r.res.MaxReplicas = max(r.res.MaxReplicas, r.replicas)
+	}
+	return nil
+}
+
+func (r *replay) admit(t time.Duration) {
+	for len(r.queue) > 0 && r.held < r.replicas {
+		p := r.queue[0]
+		r.queue = r.queue[1:]
+		p.state, p.admitted, p.end, p.attempt, p.step = running, t, t+p.Run, t, 0
+		r.held++
+		wait := t - p.Arrive
+		r.pending += wait
+		r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, wait.Seconds())
+		r.grow(p, p.Memory[0].Bytes, t)
+	}
+}
+
+func (r *replay) finish() {
+	end := r.tr.Duration
+	var runningTime time.Duration
+	for _, p := range r.pods {
+		switch p.state {
+		case waiting:
+			r.pending += end - p.Arrive
+			r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, (end - p.Arrive).Seconds())
+			r.res.PodsNeverStarted++
+		case running, restarting, finished:
+			runningTime += min(p.end, end) - p.admitted
+			if p.end <= end {
+				r.res.PodsCompleted++
+			}
+		}
+		if p.ooms > 0 {
+			r.res.PodsWithOOM++
+		}
+	}
+	r.res.PodSecondsPending = r.pending.Seconds()
+	r.res.PodSecondsRunning = runningTime.Seconds()
+	r.res.PodSecondsLost = r.lost.Seconds()
+	r.res.ReplicaChanges = len(r.res.Changes)
+	r.res.FinalReplicas = r.replicas
+}

@@ -1,0 +1,339 @@
+package sim
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
+
+const GiB = uint64(1) << 30
+
+func tracePath(name string) string { return filepath.Join("..", "..", "..", "test", "traces", name) }
+
+func mustRead(t *testing.T, name string) *Trace {
+	t.Helper()
+	tr, err := ReadTrace(tracePath(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func mustRun(t *testing.T, tr *Trace, p Policy) *Result {
+	t.Helper()
+	r, err := Run(tr, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func mustParse(t *testing.T, yaml string) *Trace {
+	t.Helper()
+	tr, err := ParseTrace("inline.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// fastTuner judges over 30 s, so that tiny.yaml's five minutes see raises.
+func fastTuner() Tuner {
+	cfg := policy.DefaultConfig()
+	cfg.Window, cfg.Cooldown, cfg.PressureWindow, cfg.MaxReplicas = 30*time.Second, 30*time.Second, 30*time.Second, 4
+	return Tuner{Config: cfg}
+}
+
+// tiny.yaml worked out by hand (10 GiB GPU; a: 4 GiB then 7 GiB 50 s into
+// each attempt, run 100 s, arrives 0s; b: 4 GiB, 100 s, arrives 10s; c: 1
+// GiB, 60 s, arrives 20s):
+//
+// static:1: a 0-100 s alone (7 GiB fits); b waits 10-100 s, runs 100-200 s;
+// c waits 20-200 s, runs 200-260 s. Pending 90+180 = 270, running 260.
+//
+// static:2: a at 0, b at 10 s, c waits. At 50 s a grows: 4+7 > 10, a is
+// killed (lost: 50 s of work + 30 s restart wait), restarts at 80 s with 4 GiB
+// and ends at 100 s on its run clock; c gets a's replica at 100 s (waited
+// 80 s). Running 100+100+60.
+//
+// static:3: c starts at 20 s (9 GiB used); a's growth at 50 s fails the same
+// way; c ends at 80 s before a restarts. Nobody waits.
+//
+// tuner (30 s window and cooldown, sampled every 15 s): the OOM at 50 s is
+// first sampled at 60 s with 2 allocated: 2 -> 1. At 105 s the OOM has left
+// the window, cooldown has passed, b holds the one replica, and the samples
+// at 75, 90 and 105 s would each still fit 2 pods of 4 GiB under 9 GiB (8 GiB
+// used with 2 allocated is the tightest): 1 -> 2, and c starts at 105 s
+// (waited 85 s). From then on a replica is free and nothing is raised.
+func TestRunTinyByHand(t *testing.T) {
+	tr := mustRead(t, "tiny.yaml")
+	type change struct {
+		At       float64
+		From, To int
+		Reason   string
+	}
+	tests := []struct {
+		policy                  Policy
+		ooms                    int
+		pending, running, lost  float64
+		maxPending              float64
+		final, minRepl, maxRepl int
+		changes                 []change
+	}{
+		{Static{1}, 0, 270, 260, 0, 180, 1, 1, 1, nil},
+		{Static{2}, 1, 80, 260, 80, 80, 2, 2, 2, nil},
+		{Static{3}, 1, 0, 260, 80, 0, 3, 3, 3, nil},
+		{fastTuner(), 1, 85, 260, 80, 85, 2, 1, 2, []change{
+			{60, 2, 1, policy.ReasonGPUOOM},
+			{105, 1, 2, policy.ReasonSustainedHeadroom},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.policy.Name(), func(t *testing.T) {
+			r := mustRun(t, tr, tc.policy)
+			var changes []change
+			for _, c := range r.Changes {
+				changes = append(changes, change{c.Seconds, c.From, c.To, c.Reason})
+			}
+			got := []any{r.OOMEvents, r.PodSecondsPending, r.PodSecondsRunning, r.PodSecondsLost, r.MaxPendingSeconds,
+				r.FinalReplicas, r.MinReplicas, r.MaxReplicas, r.ReplicaChanges, r.PodsCompleted, r.PodsNeverStarted, r.Pods}
+			want := []any{tc.ooms, tc.pending, tc.running, tc.lost, tc.maxPending,
+				tc.final, tc.minRepl, tc.maxRepl, len(tc.changes), 3, 0, 3}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("[oom pending running lost maxPending final min max changes completed neverStarted pods] (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.changes, changes, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("changes (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// The shipped traces, with the outcomes they exist to show.
+func TestRunShippedTraces(t *testing.T) {
+	tuner := Tuner{Config: policy.DefaultConfig()}
+	run := func(name string, p Policy) *Result { return mustRun(t, mustRead(t, name), p) }
+
+	t.Run("seed-a6000", func(t *testing.T) {
+		tu, s2, s4, s8 := run("seed-a6000.yaml", tuner), run("seed-a6000.yaml", Static{2}), run("seed-a6000.yaml", Static{4}), run("seed-a6000.yaml", Static{8})
+		for _, r := range []*Result{tu, s2, s4, s8} {
+			t.Logf("%-8s oom=%-4d pending=%-8.0f running=%-7.0f lost=%-6.0f changes=%d completed=%d neverStarted=%d",
+				r.Policy, r.OOMEvents, r.PodSecondsPending, r.PodSecondsRunning, r.PodSecondsLost, r.ReplicaChanges, r.PodsCompleted, r.PodsNeverStarted)
+		}
+		if s8.OOMEvents == 0 || tu.OOMEvents*10 > s8.OOMEvents {
+			t.Errorf("tuner has %d OOM events, static:8 %d: want static:8 to crash and the tuner at least ten times less", tu.OOMEvents, s8.OOMEvents)
+		}
+		if s2.OOMEvents != 0 || s4.OOMEvents != 0 {
+			t.Errorf("static:2 and static:4 crashed (%d, %d OOM events): the services fit together", s2.OOMEvents, s4.OOMEvents)
+		}
+		// The note's replicas: 4 is taken by the four services all day.
+		if s4.PodsNeverStarted < 30 || s2.PodsNeverStarted <= s4.PodsNeverStarted {
+			t.Errorf("static:4 left %d pods never started, static:2 %d: want the batch jobs starved", s4.PodsNeverStarted, s2.PodsNeverStarted)
+		}
+		if tu.PodsNeverStarted != 0 || tu.PodsCompleted != tu.Pods {
+			t.Errorf("tuner: %d of %d pods completed, %d never started; want all completed", tu.PodsCompleted, tu.Pods, tu.PodsNeverStarted)
+		}
+		if 10*tu.PodSecondsPending > s4.PodSecondsPending {
+			t.Errorf("tuner pending %.0f s, static:4 %.0f s: want at least ten times less", tu.PodSecondsPending, s4.PodSecondsPending)
+		}
+		if tu.MaxReplicas > policy.DefaultConfig().MaxReplicas || tu.MinReplicas < 1 {
+			t.Errorf("tuner went to [%d, %d] replicas, outside the config's bounds", tu.MinReplicas, tu.MaxReplicas)
+		}
+	})
+	t.Run("collide: static:8 crashes, the tuner does not", func(t *testing.T) {
+		tu, s8 := run("collide.yaml", tuner), run("collide.yaml", Static{8})
+		if s8.OOMEvents == 0 || tu.OOMEvents != 0 {
+			t.Errorf("OOM events: static:8 %d, tuner %d; want static:8 > 0 and tuner 0", s8.OOMEvents, tu.OOMEvents)
+		}
+		// Four 5 GiB jobs fit under 90% of 24 GiB, five do not.
+		if tu.MaxReplicas != 4 {
+			t.Errorf("tuner reached %d replicas, want 4", tu.MaxReplicas)
+		}
+	})
+	t.Run("queue: static:2 keeps pods waiting for hours, the tuner does not", func(t *testing.T) {
+		tu, s2 := run("queue.yaml", tuner), run("queue.yaml", Static{2})
+		if s2.MaxPendingSeconds < (9 * time.Hour).Seconds() {
+			t.Errorf("static:2: longest wait %.0f s, want the last pods waiting over 9 h", s2.MaxPendingSeconds)
+		}
+		if tu.MaxPendingSeconds > (3*time.Hour).Seconds() || 4*tu.PodSecondsPending > s2.PodSecondsPending || tu.OOMEvents != 0 {
+			t.Errorf("tuner: longest wait %.0f s, pending %.0f s (static:2 %.0f s), %d OOMs; want under 3 h, a quarter of static:2, no OOM",
+				tu.MaxPendingSeconds, tu.PodSecondsPending, s2.PodSecondsPending, tu.OOMEvents)
+		}
+		if tu.FinalReplicas != policy.DefaultConfig().MaxReplicas {
+			t.Errorf("tuner ended at %d replicas, want maxReplicas", tu.FinalReplicas)
+		}
+	})
+}
+
+func TestRunIsDeterministic(t *testing.T) {
+	tr := mustRead(t, "seed-a6000.yaml")
+	first := mustRun(t, tr, Tuner{Config: policy.DefaultConfig()})
+	for range 3 {
+		if diff := cmp.Diff(first, mustRun(t, tr, Tuner{Config: policy.DefaultConfig()})); diff != "" {
+			t.Fatalf("second replay differs (-first +again):\n%s", diff)
+		}
+	}
+}
+
+// scripted answers fixed counts at fixed instants and records what it saw.
+type scripted struct {
+	start int
+	at    map[time.Duration]int
+	seen  []policy.Observation
+}
+
+func (s *scripted) Name() string           { return "scripted" }
+func (s *scripted) Start(int) int          { return s.start }
+func (s *scripted) Tick() time.Duration    { return 15 * time.Second }
+func (s *scripted) History() time.Duration { return time.Minute }
+func (s *scripted) Decide(obs policy.Observation) policy.Decision {
+	s.seen = append(s.seen, obs)
+	if n, ok := s.at[obs.Now.Sub(Epoch)]; ok {
+		return policy.Decision{Replicas: n, Reason: "Scripted"}
+	}
+	return policy.Decision{Replicas: obs.CurrentReplicas}
+}
+
+func TestRunRules(t *testing.T) {
+	const header = "gpu: {memoryTotalBytes: 10737418240}\nduration: 10m\n"
+	tests := []struct {
+		name                    string
+		trace                   string
+		policy                  Policy
+		ooms                    int
+		pending, running, lost  float64
+		completed, neverStarted int
+	}{
+		{"the pod that grows is the one that fails", header + `initialReplicas: 2
+pods:
+  - {name: steady, arrive: 0s, run: 100s, memory: [[0s, 6442450944]]}
+  - {name: grower, arrive: 0s, run: 100s, memory: [[0s, 2147483648], [40s, 5368709120]]}
+`, Static{2}, 1, 0, 200, 40 + 30, 2, 0}, // fails at 40 s (6+5 > 10), restarts at 70 s; its next growth, 110 s, is after its end
+		{"a pod that starts into a full GPU fails at once and keeps its replica", header + `initialReplicas: 2
+pods:
+  - {name: big, arrive: 0s, run: 60s, memory: [[0s, 8589934592]]}
+  - {name: late, arrive: 10s, run: 60s, memory: [[0s, 4294967296]]}
+  - {name: third, arrive: 20s, run: 10s, memory: [[0s, 1073741824]]}
+`, Static{2}, 2, 60 - 20, 60 + 60 + 10, 30 + 30, 3, 0}, // late fails at 10 s and 40 s, ends at 70 s in its wait; third waits for big's end
+		{"decreases come before increases at the same instant", header + `initialReplicas: 2
+pods:
+  - {name: shrinks, arrive: 0s, run: 60s, memory: [[0s, 6442450944], [10s, 2147483648]]}
+  - {name: grows, arrive: 0s, run: 60s, memory: [[0s, 2147483648], [10s, 6442450944]]}
+`, Static{2}, 0, 0, 120, 0, 2, 0},
+		{"lowering never stops a running pod", header + `initialReplicas: 3
+pods:
+  - {name: a, arrive: 0s, run: 5m, memory: [[0s, 1073741824]]}
+  - {name: b, arrive: 0s, run: 5m, memory: [[0s, 1073741824]]}
+  - {name: c, arrive: 0s, run: 5m, memory: [[0s, 1073741824]]}
+  - {name: d, arrive: 1m, run: 1m, memory: [[0s, 1073741824]]}
+`, &scripted{start: 3, at: map[time.Duration]int{15 * time.Second: 1}}, 0, 4 * 60, 3*300 + 60, 0, 4, 0},
+		{"pods still waiting at the end count until the end", header + `initialReplicas: 1
+pods:
+  - {name: a, arrive: 0s, run: 9m, memory: [[0s, 1073741824]]}
+  - {name: b, arrive: 1m, run: 5m, memory: [[0s, 1073741824]]}
+  - {name: c, arrive: 2m, run: 1h, memory: [[0s, 1073741824]]}
+`, Static{1}, 0, 9*60 - 60 + 10*60 - 2*60, 9*60 + 60, 0, 1, 1}, // b starts at 9m and is still running at 10m; c never starts
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustRun(t, mustParse(t, tc.trace), tc.policy)
+			got := []any{r.OOMEvents, r.PodSecondsPending, r.PodSecondsRunning, r.PodSecondsLost, r.PodsCompleted, r.PodsNeverStarted}
+			want := []any{tc.ooms, tc.pending, tc.running, tc.lost, tc.completed, tc.neverStarted}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("[oom pending running lost completed neverStarted] (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// The samples handed to the policy are what the controller would build:
+// used memory at the tick, each container's peak since the previous tick,
+// OOMs since the previous tick, a pod killed by an OOM still allocated.
+func TestRunSamples(t *testing.T) {
+	tr := mustParse(t, `gpu: {memoryTotalBytes: 10737418240}
+initialReplicas: 2
+duration: 120s
+pods:
+  - {name: spiky, arrive: 0s, run: 60s, memory: [[0s, 1073741824], [20s, 3221225472], [25s, 1073741824]]}
+  - {name: fat, arrive: 0s, run: 60s, memory: [[0s, 6442450944], [35s, 10200547328]]}
+`)
+	p := &scripted{start: 2}
+	mustRun(t, tr, p)
+	type sample struct {
+		At          time.Duration
+		Used        uint64
+		Peaks       map[string]uint64
+		OOMs, Alloc int
+		Advertised  int
+	}
+	var got []sample
+	for _, obs := range p.seen {
+		s := obs.GPUs[0].Samples[len(obs.GPUs[0].Samples)-1]
+		if !s.Time.Equal(obs.Now) || s.MemoryTotalBytes != 10*GiB {
+			t.Fatalf("sample at %s, total %d; want at %s of 10 GiB", s.Time, s.MemoryTotalBytes, obs.Now)
+		}
+		got = append(got, sample{s.Time.Sub(Epoch), s.MemoryUsedBytes, s.ContainerPeaks, s.OOMEvents, s.ReplicasAllocated, s.ReplicasAdvertised})
+	}
+	want := []sample{
+		{0, 0, map[string]uint64{}, 0, 0, 2}, // the tick comes before admission at the same instant
+		{15 * time.Second, 7 * GiB, map[string]uint64{"spiky": GiB, "fat": 6 * GiB}, 0, 2, 2},
+		// spiky's 3 GiB between 20 and 25 s shows as its peak, not in used
+		{30 * time.Second, 7 * GiB, map[string]uint64{"spiky": 3 * GiB, "fat": 6 * GiB}, 0, 2, 2},
+		// fat grows to 9.5 GiB at 35 s, past 10 GiB with spiky, and fails;
+		// it still holds its replica, and its 9.5 GiB was never held
+		{45 * time.Second, GiB, map[string]uint64{"spiky": GiB, "fat": 6 * GiB}, 1, 2, 2},
+		// fat restarts at 65 s, after its end at 60 s
+		{60 * time.Second, 0, map[string]uint64{"spiky": GiB}, 0, 0, 2},
+		{75 * time.Second, 0, map[string]uint64{}, 0, 0, 2},
+		{90 * time.Second, 0, map[string]uint64{}, 0, 0, 2},
+		{105 * time.Second, 0, map[string]uint64{}, 0, 0, 2},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("samples (-want +got):\n%s", diff)
+	}
+	// History() is one minute: the last observation holds 45..105 s.
+	last := p.seen[len(p.seen)-1].GPUs[0].Samples
+	if len(last) != 5 || last[0].Time.Sub(Epoch) != 45*time.Second {
+		t.Errorf("last observation holds %d samples from %s, want 5 from 45s", len(last), last[0].Time.Sub(Epoch))
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	bad := policy.DefaultConfig()
+	bad.MaxReplicas = 0
+	tests := []struct {
+		spec string
+		cfg  policy.Config
+		name string
+		err  error
+	}{
+		{"tuner", policy.DefaultConfig(), "tuner", nil},
+		{"static:4", policy.DefaultConfig(), "static:4", nil},
+		{"static:1", bad, "static:1", nil}, // the tuner's config does not matter to a static policy
+		{"tuner", bad, "", policy.ErrInvalidConfig},
+		{"static:0", policy.DefaultConfig(), "", ErrBadPolicy},
+		{"static:four", policy.DefaultConfig(), "", ErrBadPolicy},
+		{"static", policy.DefaultConfig(), "", ErrBadPolicy},
+		{"dynamic", policy.DefaultConfig(), "", ErrBadPolicy},
+	}
+	for _, tc := range tests {
+		t.Run(tc.spec, func(t *testing.T) {
+			p, err := ParsePolicy(tc.spec, tc.cfg)
+			if tc.err != nil {
+				if !errors.Is(err, tc.err) {
+					t.Fatalf("err = %v, want %v", err, tc.err)
+				}
+				return
+			}
+			if err != nil || p.Name() != tc.name {
+				t.Fatalf("got %v, %v; want %s", p, err, tc.name)
+			}
+		})
+	}
+}

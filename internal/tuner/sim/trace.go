@@ -1,0 +1,191 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// ErrInvalidTrace wraps every error about a trace file.
+var ErrInvalidTrace = errors.New("invalid trace")
+
+// Trace is a workload to replay on one GPU (DESIGN.md, "Trace file for
+// simulate").
+type Trace struct {
+	MemoryTotalBytes uint64
+	InitialReplicas  int
+	Duration         time.Duration
+	Pods             []Pod
+}
+
+// Pod is one pod of a trace.
+type Pod struct {
+	Name   string
+	Arrive time.Duration
+	// Run is how long the pod holds its replica once admitted; OOM restarts
+	// do not extend it.
+	Run time.Duration
+	// Memory is piecewise constant from the start of each attempt, first step
+	// at 0s, offsets strictly increasing.
+	Memory []MemoryStep
+}
+
+// MemoryStep is one `[offset, bytes]` pair of a pod's memory timeline.
+type MemoryStep struct {
+	At    time.Duration
+	Bytes uint64
+}
+
+// UnmarshalYAML reads the `[offset, bytes]` form.
+func (m *MemoryStep) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.SequenceNode || len(n.Content) != 2 {
+		return fmt.Errorf("line %d: a memory step is [offset, bytes], e.g. [2h, 6442450944]", n.Line)
+	}
+	if err := n.Content[0].Decode(&m.At); err != nil {
+		return fmt.Errorf("line %d: memory step offset %q is not a duration such as 90s or 2h", n.Line, n.Content[0].Value)
+	}
+	if err := n.Content[1].Decode(&m.Bytes); err != nil {
+		return fmt.Errorf("line %d: memory step bytes %q is not a whole number of bytes", n.Line, n.Content[1].Value)
+	}
+	return nil
+}
+
+// The file's shape; pointers tell a missing field from a zero one.
+type traceFile struct {
+	GPU *struct {
+		MemoryTotalBytes *uint64 `yaml:"memoryTotalBytes"`
+	} `yaml:"gpu"`
+	InitialReplicas *int           `yaml:"initialReplicas"`
+	Duration        *time.Duration `yaml:"duration"`
+	Pods            []podFile      `yaml:"pods"`
+}
+
+type podFile struct {
+	Name   *string        `yaml:"name"`
+	Arrive *time.Duration `yaml:"arrive"`
+	Run    *time.Duration `yaml:"run"`
+	Memory []MemoryStep   `yaml:"memory"`
+}
+
+// ReadTrace reads and validates the trace file at path.
+func ReadTrace(path string) (*Trace, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidTrace, err)
+	}
+	return ParseTrace(path, data)
+}
+
+// ParseTrace parses and validates a trace; name (usually the file path)
+// prefixes every error, with the line of the offending pod.
+func ParseTrace(name string, data []byte) (*Trace, error) {
+	fail := func(line int, format string, args ...any) error {
+		where := name
+		if line > 0 {
+			where = fmt.Sprintf("%s:%d", name, line)
+		}
+		return fmt.Errorf("%w: %s: %s", ErrInvalidTrace, where, fmt.Sprintf(format, args...))
+	}
+	var f traceFile
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
+		return nil, fail(0, "empty trace")
+	} else if err != nil {
+		return nil, fail(0, "%v", err)
+	}
+	podLines := podLines(data)
+
+	var missing []string
+	if f.GPU == nil || f.GPU.MemoryTotalBytes == nil {
+		missing = append(missing, "gpu.memoryTotalBytes")
+	}
+	if f.InitialReplicas == nil {
+		missing = append(missing, "initialReplicas")
+	}
+	if f.Duration == nil {
+		missing = append(missing, "duration")
+	}
+	if len(missing) > 0 {
+		return nil, fail(0, "missing %s", strings.Join(missing, ", "))
+	}
+	tr := &Trace{MemoryTotalBytes: *f.GPU.MemoryTotalBytes, InitialReplicas: *f.InitialReplicas, Duration: *f.Duration}
+	switch {
+	case tr.MemoryTotalBytes == 0:
+		return nil, fail(0, "gpu.memoryTotalBytes must be > 0")
+	case tr.InitialReplicas < 1:
+		return nil, fail(0, "initialReplicas must be >= 1, got %d", tr.InitialReplicas)
+	case tr.Duration <= 0:
+		return nil, fail(0, "duration must be > 0, got %s", tr.Duration)
+	case len(f.Pods) == 0:
+		return nil, fail(0, "pods: no pods")
+	}
+
+	seen := map[string]int{}
+	for i, p := range f.Pods {
+		line := 0
+		if i < len(podLines) {
+			line = podLines[i]
+		}
+		where := fmt.Sprintf("pods[%d]", i)
+		if p.Name != nil {
+			where = fmt.Sprintf("pods[%d] (%s)", i, *p.Name)
+		}
+		switch {
+		case p.Name == nil || *p.Name == "":
+			return nil, fail(line, "%s: missing name", where)
+		case p.Arrive == nil:
+			return nil, fail(line, "%s: missing arrive", where)
+		case p.Run == nil:
+			return nil, fail(line, "%s: missing run", where)
+		case len(p.Memory) == 0:
+			return nil, fail(line, "%s: missing memory", where)
+		}
+		if j, dup := seen[*p.Name]; dup {
+			return nil, fail(line, "%s: name already used by pods[%d]", where, j)
+		}
+		seen[*p.Name] = i
+		if *p.Arrive < 0 || *p.Arrive >= tr.Duration {
+			return nil, fail(line, "%s: arrive must be in [0s, duration %s), got %s", where, tr.Duration, *p.Arrive)
+		}
+		if *p.Run <= 0 {
+			return nil, fail(line, "%s: run must be > 0, got %s", where, *p.Run)
+		}
+		if p.Memory[0].At != 0 {
+			return nil, fail(line, "%s: memory[0] must start at 0s, got %s", where, p.Memory[0].At)
+		}
+		for k := 1; k < len(p.Memory); k++ {
+			if p.Memory[k].At <= p.Memory[k-1].At {
+				return nil, fail(line, "%s: memory[%d] at %s is not after memory[%d] at %s (steps must be in increasing order)",
+					where, k, p.Memory[k].At, k-1, p.Memory[k-1].At)
+			}
+		}
+		tr.Pods = append(tr.Pods, Pod{Name: *p.Name, Arrive: *p.Arrive, Run: *p.Run, Memory: p.Memory})
+	}
+	return tr, nil
+}
+
+// podLines returns the line of each item of the top-level pods list, for
+// errors; the typed decode has already checked the document parses.
+func podLines(data []byte) []int {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil || len(root.Content) == 0 {
+		return nil
+	}
+	doc := root.Content[0]
+	for i := 0; i+1 < len(doc.Content); i += 2 {
+		if doc.Content[i].Value == "pods" {
+			var lines []int
+			for _, item := range doc.Content[i+1].Content {
+				lines = append(lines, item.Line)
+			}
+			return lines
+		}
+	}
+	return nil
+}

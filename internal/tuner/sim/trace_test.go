@@ -1,0 +1,102 @@
+package sim
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseTrace(t *testing.T) {
+	tr := mustParse(t, `# the example of DESIGN.md
+gpu: {memoryTotalBytes: 51527024640}
+initialReplicas: 4
+duration: 24h
+pods:
+  - name: yolo
+    arrive: 0s
+    run: 24h                     # how long it runs once admitted
+    memory: [[0s, 4294967296], [2h, 6442450944]]
+`)
+	want := &Trace{MemoryTotalBytes: 51527024640, InitialReplicas: 4, Duration: 24 * time.Hour, Pods: []Pod{{
+		Name: "yolo", Arrive: 0, Run: 24 * time.Hour,
+		Memory: []MemoryStep{{0, 4 * GiB}, {2 * time.Hour, 6 * GiB}},
+	}}}
+	if diff := cmp.Diff(want, tr); diff != "" {
+		t.Errorf("trace (-want +got):\n%s", diff)
+	}
+}
+
+func TestParseTraceErrors(t *testing.T) {
+	const head = "gpu: {memoryTotalBytes: 1000}\ninitialReplicas: 2\nduration: 1h\npods:\n"
+	pod := func(fields string) string { return head + "  - {name: p, " + fields + "}\n" }
+	type errCase struct {
+		name string
+		yaml string
+		want []string // substrings of the error, in order
+	}
+	c := func(name, yaml string, want ...string) errCase { return errCase{name, yaml, want} }
+	tests := []errCase{
+		c("empty", "", "inline.yaml: empty trace"),
+		c("not YAML", "gpu: [", "inline.yaml: yaml"),
+		c("unknown field", head+"  - {name: p, arrive: 0s, run: 1m, memory: [[0s, 1]], limit: 5}\n", "field limit not found"),
+		c("missing gpu", "initialReplicas: 2\nduration: 1h\npods: []\n", "missing gpu.memoryTotalBytes"),
+		c("missing several", "gpu: {memoryTotalBytes: 5}\n", "missing initialReplicas, duration"),
+		c("zero memory", "gpu: {memoryTotalBytes: 0}\ninitialReplicas: 2\nduration: 1h\npods: []\n", "gpu.memoryTotalBytes must be > 0"),
+		c("zero replicas", "gpu: {memoryTotalBytes: 5}\ninitialReplicas: 0\nduration: 1h\npods: []\n", "initialReplicas must be >= 1, got 0"),
+		c("negative duration", "gpu: {memoryTotalBytes: 5}\ninitialReplicas: 1\nduration: -1h\npods: []\n", "duration must be > 0, got -1h0m0s"),
+		c("duration without unit", "gpu: {memoryTotalBytes: 5}\ninitialReplicas: 1\nduration: 3600\npods: []\n", "line 3", "time.Duration"),
+		c("no pods", "gpu: {memoryTotalBytes: 5}\ninitialReplicas: 1\nduration: 1h\n", "pods: no pods"),
+		c("missing name", head+"  - {arrive: 0s, run: 1m, memory: [[0s, 1]]}\n", "inline.yaml:5", "pods[0]: missing name"),
+		c("missing arrive", pod("run: 1m, memory: [[0s, 1]]"), "inline.yaml:5", "pods[0] (p): missing arrive"),
+		c("missing run", pod("arrive: 0s, memory: [[0s, 1]]"), "pods[0] (p): missing run"),
+		c("missing memory", pod("arrive: 0s, run: 1m"), "pods[0] (p): missing memory"),
+		c("negative arrive", pod("arrive: -5s, run: 1m, memory: [[0s, 1]]"), "arrive must be in [0s, duration 1h0m0s), got -5s"),
+		c("arrive after the end", pod("arrive: 2h, run: 1m, memory: [[0s, 1]]"), "arrive must be in"),
+		c("negative run", pod("arrive: 0s, run: -1m, memory: [[0s, 1]]"), "run must be > 0, got -1m0s"),
+		c("first step late", pod("arrive: 0s, run: 1m, memory: [[5s, 1]]"), "memory[0] must start at 0s, got 5s"),
+		c("steps out of order", pod("arrive: 0s, run: 1m, memory: [[0s, 1], [2m, 2], [1m, 3]]"),
+			"memory[2] at 1m0s is not after memory[1] at 2m0s"),
+		c("repeated step", pod("arrive: 0s, run: 1m, memory: [[0s, 1], [0s, 2]]"), "memory[1] at 0s is not after memory[0] at 0s"),
+		c("step not a pair", pod("arrive: 0s, run: 1m, memory: [[0s]]"), "line 5", "a memory step is [offset, bytes]"),
+		c("step offset not a duration", pod("arrive: 0s, run: 1m, memory: [[soon, 1]]"), `memory step offset "soon" is not a duration`),
+		c("negative bytes", pod("arrive: 0s, run: 1m, memory: [[0s, -1]]"), `memory step bytes "-1" is not a whole number`),
+		c("duplicate name", head+"  - {name: p, arrive: 0s, run: 1m, memory: [[0s, 1]]}\n  - {name: p, arrive: 0s, run: 1m, memory: [[0s, 1]]}\n",
+			"inline.yaml:6", "pods[1] (p): name already used by pods[0]"),
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseTrace("inline.yaml", []byte(tc.yaml))
+			if !errors.Is(err, ErrInvalidTrace) {
+				t.Fatalf("err = %v, want ErrInvalidTrace", err)
+			}
+			msg := err.Error()
+			for _, w := range tc.want {
+				i := strings.Index(msg, w)
+				if i < 0 {
+					t.Fatalf("error %q lacks %q", msg, w)
+				}
+				msg = msg[i+len(w):]
+			}
+		})
+	}
+}
+
+func TestReadTraceMissingFile(t *testing.T) {
+	_, err := ReadTrace(t.TempDir() + "/nope.yaml")
+	if !errors.Is(err, ErrInvalidTrace) || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Errorf("err = %v, want ErrInvalidTrace naming the file", err)
+	}
+}
+
+// The shipped traces parse.
+func TestShippedTracesParse(t *testing.T) {
+	for _, name := range []string{"seed-a6000.yaml", "tiny.yaml", "collide.yaml", "queue.yaml"} {
+		tr := mustRead(t, name)
+		if len(tr.Pods) == 0 {
+			t.Errorf("%s: no pods", name)
+		}
+	}
+}
