@@ -16,15 +16,15 @@
 // A new replica can go to any pod, and time-slicing does not isolate memory,
 // so a raise is sized for the hungriest pod seen, not for an average one: on
 // the seed homelab the mean of RIFE (8 GiB), YOLO and Real-ESRGAN (6 GiB) and
-// FFmpeg (0.5 GiB) is 5 GiB, and a raise sized for 5 GiB that admits a second
-// RIFE crashes it.
+// FFmpeg (0.5 GiB) is 5 GiB, and raises sized for 5 GiB pods that then admit
+// 8 GiB ones overcommit the GPU.
 //
 // Capacity. Pods already running are measured, so only the pods a raise would
 // add are priced at F: a sample fits a count R when used + (R − allocated) × F
 // <= TargetUtilization × total, and the capacity is the largest R that every
 // sample of the window fits, allocated + floor((TargetUtilization × total −
-// used) / F) at the tightest sample. (Pricing every pod at F, floor(
-// TargetUtilization × total / F), treats the 0.5 GiB FFmpeg like an 8 GiB
+// used) / F) at the tightest sample. (Pricing every pod at F,
+// floor(TargetUtilization × total / F), treats the 0.5 GiB FFmpeg like an 8 GiB
 // RIFE; on the seed trace it held the node at 5 replicas with 20 GiB of 48 in
 // use and more than doubled the time pods waited.)
 //
@@ -55,7 +55,7 @@
 // sign of demand the signals carry (pods wait only when every replica is
 // taken): a raise into free replicas helps nobody now and bets on later
 // memory with today's numbers. On the seed trace, raising into free replicas
-// carried a quiet night's 7 replicas into the day and cost 18 OOM events
+// carried a quiet night's 8 replicas into the day and cost 18 OOM events
 // instead of 3. Below MinReplicas the count is raised to MinReplicas at once.
 //
 // Replicas 1 means exclusive: the applier writes a config without `sharing`,
