@@ -339,7 +339,9 @@ func (d *Detector) logEvent(cs *containerState, n int, ts time.Time, line []byte
 }
 
 func (d *Detector) termination(cs *containerState, t Termination) (Event, bool) {
-	if t.FinishedAt.Before(d.start) {
+	// Pod statuses carry whole seconds: a termination in the exporter's
+	// first second reads as earlier than the start, so compare by second.
+	if t.FinishedAt.Before(d.start.Truncate(time.Second)) {
 		return Event{}, false
 	}
 	is := cs.instance(t.Instance)

@@ -395,8 +395,13 @@ func (n *Node) LogFile(p *Pod, c *Container) string {
 }
 
 // AppendLog writes lines to a container's log in the CRI format the kubelet
-// uses (timestamp, stream, F for full lines).
+// uses (timestamp, stream, F for full lines), stamped now.
 func (n *Node) AppendLog(p *Pod, c *Container, lines ...string) error {
+	return n.AppendLogAt(time.Now(), p, c, lines...)
+}
+
+// AppendLogAt is AppendLog with the log time given.
+func (n *Node) AppendLogAt(at time.Time, p *Pod, c *Container, lines ...string) error {
 	f, err := os.OpenFile(n.LogFile(p, c), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -404,7 +409,7 @@ func (n *Node) AppendLog(p *Pod, c *Container, lines ...string) error {
 	defer f.Close()
 	var b strings.Builder
 	for _, l := range lines {
-		fmt.Fprintf(&b, "%s stderr F %s\n", time.Now().UTC().Format(time.RFC3339Nano), l)
+		fmt.Fprintf(&b, "%s stderr F %s\n", at.UTC().Format(time.RFC3339Nano), l)
 	}
 	_, err = f.WriteString(b.String())
 	return err
