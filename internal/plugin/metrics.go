@@ -1,0 +1,71 @@
+package plugin
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	replicasDesc = prometheus.NewDesc("gpuslice_plugin_replicas",
+		"Device IDs the plugin advertises, per resource and GPU (replicas of a shared GPU, 1 for an exclusive one, more while IDs above a lowered count are still in use).",
+		[]string{"resource", "uuid"}, nil)
+	unhealthyDesc = prometheus.NewDesc("gpuslice_plugin_unhealthy_gpus",
+		"GPUs whose device IDs are advertised as unhealthy (critical Xid, failed or missing reading, within the recovery interval).",
+		nil, nil)
+)
+
+// metrics is the plugin's collector: counters it owns, and gauges read from
+// the current plan when scraped.
+type metrics struct {
+	p              *Plugin
+	reloads        prometheus.Counter
+	reloadFailures prometheus.Counter
+	allocations    *prometheus.CounterVec
+}
+
+func newMetrics(p *Plugin) *metrics {
+	return &metrics{
+		p: p,
+		reloads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpuslice_plugin_reloads_total",
+			Help: "Device-plugin configs applied (the first one included).",
+		}),
+		reloadFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpuslice_plugin_reload_failures_total",
+			Help: "Device-plugin configs rejected (invalid, unsupported or unreadable); the last good one stays.",
+		}),
+		allocations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpuslice_plugin_allocations_total",
+			Help: "Containers given devices by Allocate, per resource.",
+		}, []string{"resource"}),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- replicasDesc
+	ch <- unhealthyDesc
+	m.reloads.Describe(ch)
+	m.reloadFailures.Describe(ch)
+	m.allocations.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	m.p.mu.Lock()
+	pl := m.p.plan
+	unhealthy := m.p.health.unhealthy()
+	m.p.mu.Unlock()
+	for resource, devs := range pl.Resources {
+		perGPU := map[string]int{}
+		for _, d := range devs {
+			perGPU[d.GPU]++
+		}
+		for uuid, n := range perGPU {
+			ch <- prometheus.MustNewConstMetric(replicasDesc, prometheus.GaugeValue, float64(n), resource, uuid)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(unhealthy))
+	m.reloads.Collect(ch)
+	m.reloadFailures.Collect(ch)
+	m.allocations.Collect(ch)
+}

@@ -1,0 +1,209 @@
+package plugin
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/internal/dpconfig"
+	"github.com/gpuslice/gpuslice/internal/podresources"
+)
+
+// gpuInfo is one physical GPU as the plugin knows it.
+type gpuInfo struct {
+	UUID             string
+	Index            int
+	MemoryTotalBytes uint64
+	Healthy          bool
+}
+
+// held is a device ID the kubelet has given to a container, with the
+// resource it was given under.
+type held struct {
+	ID       string
+	Resource string
+}
+
+// advertised is one device ID in a resource's list.
+type advertised struct {
+	ID       string
+	GPU      string // UUID
+	Replica  int
+	Healthy  bool
+	Draining bool // held beyond what the config asks for: kept until released
+}
+
+// plan is what the plugin advertises for one config, GPU inventory and set of
+// held IDs.
+type plan struct {
+	// Resources maps a resource name to its devices, sorted by GPU index
+	// then replica.
+	Resources map[string][]advertised
+	// Replicas is the configured replica count of each GPU (1 when it is
+	// not shared), for the per-replica memory budget.
+	Replicas map[string]int
+	// GPUs by UUID.
+	GPUs map[string]gpuInfo
+	// Warnings about parts of the config the plan could not follow.
+	Warnings []string
+}
+
+// desire is what the config asks of one GPU: ids, in order, under resource.
+type desire struct {
+	resource string
+	replicas int
+	ids      []string
+}
+
+// computePlan decides what to advertise. Every GPU gets the IDs its config
+// entry asks for: <uuid>::0 … <uuid>::<replicas-1> under the (possibly
+// renamed) time-slicing resource, or its bare UUID under nvidia.com/gpu when
+// no entry selects it.
+//
+// IDs the kubelet has given to containers are always advertised, under the
+// resource they were given under, even when the config no longer asks for
+// them: a running pod never loses its device. They take the place of free IDs
+// of the same GPU, so a GPU advertises max(replicas, held) IDs: after a
+// shrink from 4 to 2 with <uuid>::3 in use, the GPU advertises ::0 and ::3,
+// the kubelet's allocatable drops to 2 at once, and ::3 gives way to ::1 when
+// its pod ends.
+func computePlan(cfg dpconfig.Config, gpus []gpuInfo, heldIDs []held) plan {
+	p := plan{Resources: map[string][]advertised{}, Replicas: map[string]int{}, GPUs: map[string]gpuInfo{}}
+	sorted := slices.Clone(gpus)
+	slices.SortFunc(sorted, func(a, b gpuInfo) int { return cmp.Compare(a.Index, b.Index) })
+	for _, g := range sorted {
+		p.GPUs[g.UUID] = g
+	}
+	desires, warnings := desires(cfg, sorted)
+	p.Warnings = warnings
+
+	byGPU := map[string][]held{}
+	for _, h := range heldIDs {
+		id, err := podresources.ParseDeviceID(h.ID)
+		if err != nil {
+			continue
+		}
+		if _, ok := p.GPUs[id.UUID]; ok {
+			byGPU[id.UUID] = append(byGPU[id.UUID], h)
+		}
+	}
+
+	for _, g := range sorted {
+		d := desires[g.UUID]
+		p.Replicas[g.UUID] = d.replicas
+		wanted := map[string]bool{}
+		for _, id := range d.ids {
+			wanted[id] = true
+		}
+		isHeld := map[string]bool{}
+		for _, h := range byGPU[g.UUID] {
+			if isHeld[h.Resource+"\x00"+h.ID] {
+				continue
+			}
+			isHeld[h.Resource+"\x00"+h.ID] = true
+			draining := h.Resource != d.resource || !wanted[h.ID]
+			p.add(h.Resource, g, h.ID, draining)
+		}
+		free := d.replicas - len(isHeld)
+		for _, id := range d.ids {
+			if free <= 0 {
+				break
+			}
+			if !isHeld[d.resource+"\x00"+id] {
+				p.add(d.resource, g, id, false)
+				free--
+			}
+		}
+	}
+	for name, devs := range p.Resources {
+		slices.SortFunc(devs, func(a, b advertised) int {
+			return cmp.Or(cmp.Compare(p.GPUs[a.GPU].Index, p.GPUs[b.GPU].Index), cmp.Compare(a.Replica, b.Replica), cmp.Compare(a.ID, b.ID))
+		})
+		p.Resources[name] = devs
+	}
+	return p
+}
+
+func (p *plan) add(resource string, g gpuInfo, id string, draining bool) {
+	replica := 0
+	if d, err := podresources.ParseDeviceID(id); err == nil {
+		replica = d.Replica
+	}
+	p.Resources[resource] = append(p.Resources[resource], advertised{
+		ID: id, GPU: g.UUID, Replica: replica, Healthy: g.Healthy, Draining: draining,
+	})
+}
+
+// desires maps every GPU to what the config asks of it. Only entries for
+// nvidia.com/gpu apply: gpuslice-plugin does not handle MIG devices.
+func desires(cfg dpconfig.Config, gpus []gpuInfo) (map[string]desire, []string) {
+	var warnings []string
+	out := make(map[string]desire, len(gpus))
+	for _, g := range gpus {
+		out[g.UUID] = desire{resource: dpconfig.GPUResource, replicas: 1, ids: []string{g.UUID}}
+	}
+	for _, r := range cfg.Resources {
+		if r.Name != dpconfig.GPUResource {
+			warnings = append(warnings, fmt.Sprintf("time-slicing resource %q ignored: gpuslice-plugin shares whole GPUs only (no MIG)", r.Name))
+			continue
+		}
+		selected, w := selectGPUs(r.Devices, gpus)
+		warnings = append(warnings, w...)
+		name := cfg.AdvertisedName(r)
+		for _, g := range selected {
+			ids := make([]string, r.Replicas)
+			for i := range ids {
+				ids[i] = podresources.FormatDeviceID(g.UUID, i)
+			}
+			out[g.UUID] = desire{resource: name, replicas: r.Replicas, ids: ids}
+		}
+	}
+	return out, warnings
+}
+
+// selectGPUs applies a "devices" selection to the GPUs (sorted by index).
+// Where NVIDIA's plugin would refuse to start (a count above the number of
+// GPUs, a UUID not on this node) it selects what it can and warns: one
+// config often serves many nodes.
+func selectGPUs(d dpconfig.Devices, gpus []gpuInfo) ([]gpuInfo, []string) {
+	switch {
+	case d.All:
+		return gpus, nil
+	case d.Count > 0:
+		if d.Count > len(gpus) {
+			return gpus, []string{fmt.Sprintf("devices: %d requested but this node has %d GPUs; sharing all of them", d.Count, len(gpus))}
+		}
+		return gpus[:d.Count], nil
+	}
+	var out []gpuInfo
+	var warnings []string
+	seen := map[string]bool{}
+	for _, ref := range d.List {
+		i := slices.IndexFunc(gpus, func(g gpuInfo) bool { return g.UUID == ref || strconv.Itoa(g.Index) == ref })
+		if i < 0 {
+			warnings = append(warnings, fmt.Sprintf("devices: %q matches no whole GPU on this node; ignored", ref))
+			continue
+		}
+		if !seen[gpus[i].UUID] {
+			seen[gpus[i].UUID] = true
+			out = append(out, gpus[i])
+		}
+	}
+	return out, warnings
+}
+
+// apiDevices converts a resource's list for ListAndWatch.
+func apiDevices(devs []advertised) []*pluginapi.Device {
+	out := make([]*pluginapi.Device, len(devs))
+	for i, d := range devs {
+		health := pluginapi.Healthy
+		if !d.Healthy {
+			health = pluginapi.Unhealthy
+		}
+		out[i] = &pluginapi.Device{ID: d.ID, Health: health}
+	}
+	return out
+}

@@ -1,0 +1,418 @@
+// Package plugin is gpuslice's kubelet device plugin for time-sliced NVIDIA
+// GPUs. It reads NVIDIA's device-plugin config (package dpconfig), advertises
+// <uuid>::<n> replica IDs per resource the way NVIDIA's plugin does, and —
+// unlike NVIDIA's plugin — applies a new config on the open ListAndWatch
+// streams, without stopping its gRPC servers or registering again, so the
+// kubelet's allocatable changes within a second and never drops to 0.
+//
+// Lowering replicas never takes a device from a running pod: the IDs the
+// kubelet has given out (its PodResources API) stay advertised until their
+// pods end (see computePlan).
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/internal/dpconfig"
+	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/internal/podresources"
+)
+
+// ErrUnsupported means a config asks for something gpuslice-plugin does not
+// do (MPS).
+var ErrUnsupported = errors.New("not supported by gpuslice-plugin")
+
+// Lister lists the kubelet's device allocations; *podresources.Client is one.
+type Lister interface {
+	List(ctx context.Context) ([]podresources.Allocation, error)
+}
+
+// Options configure a Plugin. Backend and Source are required.
+type Options struct {
+	Backend gpu.Backend
+	Source  Source
+	// PodResources tells which IDs are in use, so a shrink keeps them. Nil
+	// means only the allocations this process made itself are known.
+	PodResources Lister
+	// DevicePluginDir holds the plugin sockets; default
+	// /var/lib/kubelet/device-plugins.
+	DevicePluginDir string
+	// KubeletSocket is the kubelet's registration socket; default
+	// <DevicePluginDir>/kubelet.sock.
+	KubeletSocket string
+	Policy        Policy // default Distributed
+	// HealthInterval is how often GPUs are read (default 5 s);
+	// RecoveryInterval how long a GPU must answer well after its last
+	// problem to be healthy again (default 1 min); HeldInterval how often
+	// the IDs in use are read (default 10 s).
+	HealthInterval, RecoveryInterval, HeldInterval time.Duration
+	// Registerer receives the plugin's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	// Now is the clock of health recovery; default time.Now.
+	Now func() time.Time
+}
+
+// Plugin serves one gRPC device plugin per advertised resource.
+type Plugin struct {
+	o       Options
+	log     *slog.Logger
+	metrics *metrics
+
+	mu       sync.Mutex
+	cfg      *dpconfig.Config
+	cfgData  []byte
+	health   *healthTracker
+	readOnce bool   // the backend answered at least once
+	held     []held // from PodResources
+	recent   map[held]time.Time
+	plan     plan
+	warned   map[string]bool
+	servers  map[string]*resourceServer
+	runCtx   context.Context
+	wg       sync.WaitGroup
+	changed  chan struct{} // closed and replaced on every recompute, for tests
+}
+
+// New checks the options and builds a Plugin; Run starts it.
+func New(o Options) (*Plugin, error) {
+	if o.Backend == nil || o.Source == nil {
+		return nil, errors.New("plugin: Backend and Source are required")
+	}
+	if o.DevicePluginDir == "" {
+		o.DevicePluginDir = pluginapi.DevicePluginPath
+	}
+	if o.KubeletSocket == "" {
+		o.KubeletSocket = filepath.Join(o.DevicePluginDir, filepath.Base(pluginapi.KubeletSocket))
+	}
+	if o.Policy == "" {
+		o.Policy = Distributed
+	}
+	if _, err := ParsePolicy(string(o.Policy)); err != nil {
+		return nil, err
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = 5 * time.Second
+	}
+	if o.RecoveryInterval < 0 {
+		return nil, fmt.Errorf("plugin: negative recovery interval %v", o.RecoveryInterval)
+	}
+	if o.RecoveryInterval == 0 {
+		o.RecoveryInterval = time.Minute
+	}
+	if o.HeldInterval <= 0 {
+		o.HeldInterval = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	p := &Plugin{
+		o: o, log: o.Logger,
+		health:  newHealthTracker(o.RecoveryInterval, o.Logger),
+		recent:  map[held]time.Time{},
+		warned:  map[string]bool{},
+		servers: map[string]*resourceServer{},
+		changed: make(chan struct{}),
+	}
+	p.metrics = newMetrics(p)
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(p.metrics); err != nil {
+			return nil, fmt.Errorf("plugin: registering metrics: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// Run serves until ctx ends, then stops every server and removes its socket.
+// It returns an error when it cannot start (no device-plugin directory to
+// watch) or the config source fails.
+func (p *Plugin) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching for kubelet restarts: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(filepath.Dir(p.o.KubeletSocket)); err != nil {
+		return fmt.Errorf("watching %s for kubelet restarts: %w", filepath.Dir(p.o.KubeletSocket), err)
+	}
+	p.mu.Lock()
+	p.runCtx = ctx
+	p.mu.Unlock()
+
+	errc := make(chan error, 1)
+	p.goRun(func() { p.healthLoop(ctx) })
+	p.goRun(func() { p.heldLoop(ctx) })
+	p.goRun(func() {
+		if err := p.o.Source.Run(ctx, p.apply); err != nil && ctx.Err() == nil {
+			errc <- fmt.Errorf("config source: %w", err)
+		}
+	})
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case runErr = <-errc:
+			break loop
+		case ev, ok := <-w.Events:
+			if !ok {
+				runErr = errors.New("kubelet socket watcher closed")
+				break loop
+			}
+			if filepath.Clean(ev.Name) == filepath.Clean(p.o.KubeletSocket) && ev.Has(fsnotify.Create) {
+				p.log.Info("kubelet socket created: registering again", "socket", p.o.KubeletSocket)
+				p.mu.Lock()
+				for _, s := range p.servers {
+					poke(s.kick)
+				}
+				p.mu.Unlock()
+			}
+		case err := <-w.Errors:
+			p.log.Warn("kubelet socket watcher", "err", err)
+		}
+	}
+	cancel()
+	p.wg.Wait()
+	return runErr
+}
+
+func (p *Plugin) goRun(f func()) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
+}
+
+// apply takes a new config document from the source.
+func (p *Plugin) apply(u Update) error {
+	err := p.applyConfig(u)
+	if err != nil {
+		p.metrics.reloadFailures.Inc()
+		p.log.Error("device-plugin config rejected; keeping the last good one", "err", err)
+	}
+	return err
+}
+
+func (p *Plugin) applyConfig(u Update) error {
+	if u.Err != nil {
+		return fmt.Errorf("%s: %w", u.Origin, u.Err)
+	}
+	f, err := dpconfig.Parse(u.Data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", u.Origin, err)
+	}
+	cfg := f.Config()
+	if cfg.MPS {
+		return fmt.Errorf("%s: sharing.mps: %w (time-slicing only; use NVIDIA's plugin for MPS)", u.Origin, ErrUnsupported)
+	}
+	p.mu.Lock()
+	same := p.cfg != nil && bytes.Equal(p.cfgData, u.Data)
+	p.mu.Unlock()
+	if same {
+		return nil
+	}
+	// Read the IDs in use now, not up to HeldInterval ago: a shrink must
+	// not drop an ID given out since.
+	heldNow, started, heldErr := p.listHeld()
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if heldErr == nil {
+		p.setHeldLocked(heldNow, started)
+	}
+	p.cfg, p.cfgData = &cfg, bytes.Clone(u.Data)
+	p.metrics.reloads.Inc()
+	p.log.Info("device-plugin config applied", "origin", u.Origin, "replicas", cfg.Replicas(), "resources", len(cfg.Resources))
+	p.recomputeLocked()
+	return nil
+}
+
+// listHeld reads the device IDs the kubelet has given out. started is when
+// the question was asked: the answer covers every Allocate that returned
+// before.
+func (p *Plugin) listHeld() (ids []held, started time.Time, err error) {
+	if p.o.PodResources == nil {
+		return nil, time.Time{}, errNoPodResources
+	}
+	started = time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	allocs, err := p.o.PodResources.List(ctx)
+	if err != nil {
+		p.log.Warn("cannot read the IDs in use from the kubelet; using the last known ones", "err", err)
+		return nil, started, err
+	}
+	for _, a := range allocs {
+		if !strings.HasPrefix(a.Resource, "nvidia.com/") {
+			continue
+		}
+		for _, id := range a.DeviceIDs {
+			ids = append(ids, held{ID: id, Resource: a.Resource})
+		}
+	}
+	return ids, started, nil
+}
+
+var errNoPodResources = errors.New("no PodResources API configured")
+
+// setHeldLocked records a PodResources answer. p.mu is held.
+func (p *Plugin) setHeldLocked(ids []held, started time.Time) {
+	p.held = ids
+	for h, at := range p.recent {
+		// The kubelet records an allocation as soon as Allocate
+		// returns; a second of margin covers clock steps.
+		if at.Before(started.Add(-time.Second)) {
+			delete(p.recent, h)
+		}
+	}
+}
+
+func (p *Plugin) heldLoop(ctx context.Context) {
+	t := time.NewTicker(p.o.HeldInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		h, started, err := p.listHeld()
+		p.mu.Lock()
+		if err == nil {
+			heldChanged, nRecent := !slices.Equal(h, p.held), len(p.recent)
+			p.setHeldLocked(h, started)
+			if heldChanged || len(p.recent) != nRecent {
+				p.recomputeLocked()
+			}
+		} else if len(p.recent) > 0 {
+			p.recomputeLocked() // expires old records
+		}
+		p.mu.Unlock()
+	}
+}
+
+func (p *Plugin) healthLoop(ctx context.Context) {
+	t := time.NewTicker(p.o.HealthInterval)
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, max(p.o.HealthInterval, 5*time.Second))
+		snap, err := p.o.Backend.Snapshot(rctx)
+		cancel()
+		if err != nil && ctx.Err() != nil {
+			return
+		}
+		xids := p.o.Backend.Xids()
+		p.mu.Lock()
+		if err != nil && !p.readOnce {
+			p.log.Warn("cannot read GPUs yet", "err", err)
+		}
+		changed := p.health.observe(p.o.Now(), snap, err, xids)
+		if err == nil && !p.readOnce {
+			p.readOnce, changed = true, true
+		}
+		if changed {
+			p.recomputeLocked()
+		}
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// recomputeLocked rebuilds the plan and sends every changed list. p.mu is
+// held.
+func (p *Plugin) recomputeLocked() {
+	if p.cfg == nil || !p.readOnce {
+		return
+	}
+	now := time.Now()
+	ids := slices.Clone(p.held)
+	for h, at := range p.recent {
+		// Without a PodResources answer since, this process's own
+		// allocations stand in for it for a while.
+		if now.Sub(at) > 3*p.o.HeldInterval+time.Minute {
+			delete(p.recent, h)
+			continue
+		}
+		ids = append(ids, h)
+	}
+	p.plan = computePlan(*p.cfg, p.health.gpus(), ids)
+	for _, w := range p.plan.Warnings {
+		if !p.warned[w] {
+			p.warned[w] = true
+			p.log.Warn("device-plugin config", "warning", w)
+		}
+	}
+	for name, devs := range p.plan.Resources {
+		p.serverLocked(name).setDevices(apiDevices(devs))
+	}
+	for name, s := range p.servers {
+		if _, ok := p.plan.Resources[name]; !ok {
+			s.setDevices(nil)
+		}
+	}
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// serverLocked returns the server of a resource, starting it on first use.
+func (p *Plugin) serverLocked(resource string) *resourceServer {
+	if s, ok := p.servers[resource]; ok {
+		return s
+	}
+	s := newResourceServer(p, resource)
+	p.servers[resource] = s
+	if p.runCtx != nil {
+		ctx := p.runCtx
+		p.goRun(func() { s.run(ctx) })
+	}
+	return s
+}
+
+// SocketName is the socket file of a resource's server:
+// gpuslice-<resource with / as ->.sock.
+func SocketName(resource string) string {
+	return "gpuslice-" + strings.ReplaceAll(resource, "/", "-") + ".sock"
+}
+
+// remember notes IDs this process just allocated.
+func (p *Plugin) remember(resource string, ids []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	for _, id := range ids {
+		p.recent[held{ID: id, Resource: resource}] = now
+	}
+}
+
+// removeStale removes a socket file left by an earlier run.
+func removeStale(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,410 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/internal/gpu/gputest"
+	"github.com/gpuslice/gpuslice/internal/podresources"
+	"github.com/gpuslice/gpuslice/internal/podresources/podresourcestest"
+)
+
+const gpuRes = "nvidia.com/gpu"
+
+// config is a time-slicing config with replicas for every GPU (1: none).
+func config(replicas int, extra ...string) string {
+	if replicas == 1 {
+		return "version: v1\n"
+	}
+	s := fmt.Sprintf("version: v1\nsharing:\n  timeSlicing:\n%s    resources:\n    - name: nvidia.com/gpu\n      replicas: %d\n",
+		strings.Join(extra, ""), replicas)
+	return s
+}
+
+// want renders device IDs the way render does: sorted, space-separated.
+func want(parts ...string) string {
+	var all []string
+	for _, p := range parts {
+		all = append(all, strings.Fields(p)...)
+	}
+	slices.Sort(all)
+	return strings.Join(all, " ")
+}
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+type harness struct {
+	t       testing.TB
+	kubelet *fakeKubelet
+	gpus    *gputest.Fake
+	pods    *podresourcestest.Server
+	cfgPath string
+	plugin  *Plugin
+	reg     *prometheus.Registry
+	clock   *fakeClock
+}
+
+type setup struct {
+	config string
+	gpus   []gputest.GPUSpec
+	pods   bool // serve a fake PodResources API
+	policy Policy
+	source Source // default: a FileSource on config
+	quiet  bool   // no logs (benchmarks)
+}
+
+var quietLogger = slog.New(slog.DiscardHandler)
+
+func twoSpecs() []gputest.GPUSpec {
+	return []gputest.GPUSpec{gputest.GPU(uuid0, 48<<30), gputest.GPU(uuid1, 48<<30)}
+}
+
+func start(t testing.TB, s setup) *harness {
+	t.Helper()
+	dir := shortDir(t)
+	h := &harness{t: t, kubelet: startKubelet(t, dir), gpus: gputest.NewFake(s.gpus...), reg: prometheus.NewRegistry(),
+		clock: &fakeClock{now: time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC)}}
+	h.cfgPath = filepath.Join(shortDir(t), "config.yaml")
+	h.writeConfig(s.config)
+	var lister Lister
+	if s.pods {
+		sock := filepath.Join(shortDir(t), "pod-resources.sock")
+		srv, err := podresourcestest.Start(t, sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.pods = srv
+		client, err := podresources.NewClient(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close() })
+		lister = client
+	}
+	log := testLogger(t)
+	if s.quiet {
+		log = quietLogger
+	}
+	src := s.source
+	if src == nil {
+		src = &FileSource{Path: h.cfgPath, Logger: log}
+	}
+	p, err := New(Options{
+		Backend: h.gpus, Source: src, PodResources: lister,
+		DevicePluginDir: dir, Policy: s.policy,
+		HealthInterval: 10 * time.Millisecond, HeldInterval: 20 * time.Millisecond, RecoveryInterval: time.Minute,
+		Registerer: h.reg, Logger: log, Now: h.clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.plugin = p
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("Run did not return after cancel")
+		}
+	})
+	return h
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// writeConfig replaces the config file atomically, as a ConfigMap volume
+// or an editor's save does.
+func (h *harness) writeConfig(s string) {
+	h.t.Helper()
+	tmp := h.cfgPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, h.cfgPath); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) waitMetric(name string, c prometheus.Collector, want float64) {
+	h.t.Helper()
+	h.kubelet.waitFor(fmt.Sprintf("%s == %v", name, want), func() bool { return testutil.ToFloat64(c) == want })
+}
+
+func TestRegistrationAndList(t *testing.T) {
+	h := start(t, setup{config: config(4), gpus: twoSpecs()})
+	e := h.kubelet.endpoint(gpuRes)
+	if e.req.Endpoint != "gpuslice-nvidia.com-gpu.sock" || !e.req.Options.GetGetPreferredAllocationAvailable() {
+		t.Errorf("registration = %v", e.req)
+	}
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 4), ids(uuid1, 0, 4)))
+	opts, err := e.client.GetDevicePluginOptions(t.Context(), &pluginapi.Empty{})
+	if err != nil || !opts.GetPreferredAllocationAvailable || opts.PreStartRequired {
+		t.Errorf("GetDevicePluginOptions = %v, %v", opts, err)
+	}
+	if _, err := e.client.PreStartContainer(t.Context(), &pluginapi.PreStartContainerRequest{DevicesIds: []string{rid(uuid0, 0)}}); err != nil {
+		t.Errorf("PreStartContainer: %v", err)
+	}
+	if got := testutil.ToFloat64(h.plugin.metrics.reloads); got != 1 {
+		t.Errorf("reloads = %v, want 1", got)
+	}
+}
+
+func TestConfigFileChangeUpdatesTheOpenStream(t *testing.T) {
+	h := start(t, setup{config: config(4), gpus: twoSpecs()})
+	e := h.kubelet.endpoint(gpuRes)
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 4), ids(uuid1, 0, 4)))
+	for _, n := range []int{2, 6, 1, 3} {
+		h.writeConfig(config(n))
+		wantList := want(ids(uuid0, 0, n), ids(uuid1, 0, n))
+		if n == 1 {
+			wantList = want(uuid0, uuid1)
+		}
+		h.kubelet.waitList(gpuRes, wantList)
+	}
+	if h.kubelet.endpoint(gpuRes) != e || e.streamErr() != nil || h.kubelet.registrationCount(gpuRes) != 1 {
+		t.Errorf("the config changes were not sent on the first stream: %s", h.kubelet.describe())
+	}
+	if got := testutil.ToFloat64(h.plugin.metrics.reloads); got != 5 {
+		t.Errorf("reloads = %v, want 5", got)
+	}
+}
+
+func TestRenamedResourcesGetTheirOwnServer(t *testing.T) {
+	h := start(t, setup{config: config(2, "    renameByDefault: true\n"), gpus: twoSpecs()})
+	h.kubelet.waitList(gpuRes+".shared", want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+	if n := h.kubelet.registrationCount(gpuRes); n != 0 {
+		t.Errorf("%s registered %d times with nothing to advertise", gpuRes, n)
+	}
+	h.writeConfig(config(1))
+	h.kubelet.waitList(gpuRes, want(uuid0, uuid1))
+	h.kubelet.waitList(gpuRes+".shared", "")
+	if e := h.kubelet.endpoint(gpuRes + ".shared"); e.req.Endpoint != "gpuslice-nvidia.com-gpu.shared.sock" {
+		t.Errorf("shared endpoint %q", e.req.Endpoint)
+	}
+}
+
+func TestKubeletRestartRegistersAgain(t *testing.T) {
+	h := start(t, setup{config: config(2), gpus: twoSpecs()})
+	first := h.kubelet.endpoint(gpuRes)
+	list := want(ids(uuid0, 0, 2), ids(uuid1, 0, 2))
+	h.kubelet.waitList(gpuRes, list)
+	for i := 2; i <= 3; i++ {
+		h.kubelet.restart()
+		h.kubelet.waitFor(fmt.Sprintf("registration #%d", i), func() bool { return h.kubelet.registrationCount(gpuRes) == i })
+		h.kubelet.waitList(gpuRes, list)
+	}
+	if h.kubelet.endpoint(gpuRes) == first {
+		t.Error("still the first endpoint after two restarts")
+	}
+	// The new stream is live: a config change arrives on it.
+	h.writeConfig(config(3))
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 3), ids(uuid1, 0, 3)))
+}
+
+func TestAllocate(t *testing.T) {
+	h := start(t, setup{config: config(4), gpus: []gputest.GPUSpec{gputest.GPU(uuid0, 48<<30), gputest.GPU(uuid1, 24<<30)}})
+	e := h.kubelet.endpoint(gpuRes)
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 4), ids(uuid1, 0, 4)))
+	resp, err := e.client.Allocate(t.Context(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{
+		{DevicesIds: []string{rid(uuid0, 1)}},
+		{DevicesIds: []string{rid(uuid0, 2), rid(uuid0, 3), rid(uuid1, 0)}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := [][2]string{}
+	for _, c := range resp.ContainerResponses {
+		got = append(got, [2]string{c.Envs[EnvVisibleDevices], c.Envs[EnvMemoryBudget]})
+	}
+	wantEnv := [][2]string{{uuid0, fmt.Sprint(12 << 30)}, {uuid0 + "," + uuid1, fmt.Sprint(6 << 30)}}
+	if !slices.Equal(got, wantEnv) {
+		t.Errorf("envs = %v, want %v", got, wantEnv)
+	}
+	if n := testutil.ToFloat64(h.plugin.metrics.allocations.WithLabelValues(gpuRes)); n != 2 {
+		t.Errorf("allocations = %v, want 2", n)
+	}
+
+	_, err = e.client.Allocate(t.Context(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"GPU-nope::0"}}}})
+	if err == nil || !strings.Contains(err.Error(), "unknown device: GPU-nope::0") {
+		t.Errorf("unknown device: %v", err)
+	}
+
+	h.writeConfig(config(4, "    failRequestsGreaterThanOne: true\n"))
+	h.waitMetric("reloads", h.plugin.metrics.reloads, 2)
+	_, err = e.client.Allocate(t.Context(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{rid(uuid0, 0), rid(uuid1, 0)}}}})
+	if err == nil || !strings.Contains(err.Error(), "request for 'nvidia.com/gpu: 2' too large: maximum request size for shared resources is 1") {
+		t.Errorf("failRequestsGreaterThanOne: %v", err)
+	}
+	if _, err = e.client.Allocate(t.Context(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{rid(uuid1, 3)}}}}); err != nil {
+		t.Errorf("one replica with failRequestsGreaterThanOne: %v", err)
+	}
+}
+
+func TestGetPreferredAllocation(t *testing.T) {
+	for _, tc := range []struct {
+		policy Policy
+		want   []string
+	}{
+		{Distributed, []string{rid(uuid1, 0), rid(uuid0, 1)}},
+		{Packed, []string{rid(uuid0, 1), rid(uuid0, 2)}},
+	} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			h := start(t, setup{config: config(3), gpus: twoSpecs(), policy: tc.policy})
+			e := h.kubelet.endpoint(gpuRes)
+			h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 3), ids(uuid1, 0, 3)))
+			// uuid0::0 is in use: the kubelet does not offer it.
+			resp, err := e.client.GetPreferredAllocation(t.Context(), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+				AvailableDeviceIDs: []string{rid(uuid0, 1), rid(uuid0, 2), rid(uuid1, 0), rid(uuid1, 1), rid(uuid1, 2)},
+				AllocationSize:     2,
+			}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.ContainerResponses[0].DeviceIDs; !slices.Equal(got, tc.want) {
+				t.Errorf("preferred = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestBadConfigKeptOut(t *testing.T) {
+	h := start(t, setup{config: config(4), gpus: twoSpecs()})
+	good := want(ids(uuid0, 0, 4), ids(uuid1, 0, 4))
+	n := h.kubelet.waitList(gpuRes, good)
+	bad := []string{
+		config(1) + "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 1\n",
+		"version: v2\n",
+		"version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n",
+	}
+	for i, cfg := range bad {
+		h.writeConfig(cfg)
+		h.waitMetric("reload failures", h.plugin.metrics.reloadFailures, float64(i+1))
+	}
+	if err := os.Remove(h.cfgPath); err != nil {
+		t.Fatal(err)
+	}
+	h.waitMetric("reload failures", h.plugin.metrics.reloadFailures, float64(len(bad)+1))
+	if got := h.kubelet.waitList(gpuRes, good); got != n {
+		t.Errorf("rejected configs changed the list: %d lists, want %d\n%s", got, n, h.kubelet.describe())
+	}
+	h.writeConfig(config(2))
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+	if got := testutil.ToFloat64(h.plugin.metrics.reloads); got != 2 {
+		t.Errorf("reloads = %v, want 2", got)
+	}
+}
+
+func TestShrinkKeepsHeldReplicaUntilReleased(t *testing.T) {
+	h := start(t, setup{config: config(4), gpus: twoSpecs(), pods: true})
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 4), ids(uuid1, 0, 4)))
+	h.pods.SetPods([]podresources.Allocation{
+		{Namespace: "ml", Pod: "train", Container: "main", Resource: gpuRes, DeviceIDs: []string{rid(uuid0, 3)}},
+		{Namespace: "ml", Pod: "infer", Container: "main", Resource: gpuRes, DeviceIDs: []string{rid(uuid1, 0)}},
+	})
+	h.writeConfig(config(2))
+	// uuid0::3 stays (in place of the free ::1): allocatable is already 4.
+	h.kubelet.waitList(gpuRes, want(rid(uuid0, 0), rid(uuid0, 3), ids(uuid1, 0, 2)))
+
+	e := h.kubelet.endpoint(gpuRes)
+	resp, err := e.client.GetPreferredAllocation(t.Context(), &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+		AvailableDeviceIDs: []string{rid(uuid0, 3), rid(uuid0, 0), rid(uuid1, 1)}, AllocationSize: 2,
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.ContainerResponses[0].DeviceIDs; slices.Contains(got, rid(uuid0, 3)) {
+		t.Errorf("a draining ID was preferred: %v", got)
+	}
+
+	h.pods.SetPods([]podresources.Allocation{
+		{Namespace: "ml", Pod: "infer", Container: "main", Resource: gpuRes, DeviceIDs: []string{rid(uuid1, 0)}},
+	})
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+}
+
+func TestXidHealth(t *testing.T) {
+	a, b := gputest.GPU(uuid0, 48<<30), gputest.GPU(uuid1, 48<<30)
+	h := start(t, setup{config: config(2), gpus: []gputest.GPUSpec{a, b}})
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+
+	h.gpus.Set(a.WithXids(79), b)
+	h.kubelet.waitList(gpuRes, want(rid(uuid0, 0)+"! "+rid(uuid0, 1)+"!", ids(uuid1, 0, 2)))
+	if err := testutil.GatherAndCompare(h.reg, strings.NewReader(`
+# HELP gpuslice_plugin_unhealthy_gpus GPUs whose device IDs are advertised as unhealthy (critical Xid, failed or missing reading, within the recovery interval).
+# TYPE gpuslice_plugin_unhealthy_gpus gauge
+gpuslice_plugin_unhealthy_gpus 1
+`), "gpuslice_plugin_unhealthy_gpus"); err != nil {
+		t.Error(err)
+	}
+
+	// An application Xid on the other GPU changes nothing: wait for two
+	// more readings, then look.
+	h.gpus.Set(a.WithXids(79), b.WithXids(13))
+	seen := h.gpus.Snapshots()
+	h.kubelet.waitFor("two readings", func() bool { return h.gpus.Snapshots() >= seen+2 })
+	h.kubelet.waitList(gpuRes, want(rid(uuid0, 0)+"! "+rid(uuid0, 1)+"!", ids(uuid1, 0, 2)))
+
+	h.clock.Advance(2 * time.Minute)
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+
+	h.gpus.Set(a.WithXids(79), b.WithXids(13).WithError("GPU has fallen off the bus"))
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), rid(uuid1, 0)+"! "+rid(uuid1, 1)+"!"))
+}
+
+func TestMetrics(t *testing.T) {
+	h := start(t, setup{config: config(3), gpus: twoSpecs()})
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 3), ids(uuid1, 0, 3)))
+	err := testutil.GatherAndCompare(h.reg, strings.NewReader(fmt.Sprintf(`
+# HELP gpuslice_plugin_replicas Device IDs the plugin advertises, per resource and GPU (replicas of a shared GPU, 1 for an exclusive one, more while IDs above a lowered count are still in use).
+# TYPE gpuslice_plugin_replicas gauge
+gpuslice_plugin_replicas{resource="nvidia.com/gpu",uuid="%s"} 3
+gpuslice_plugin_replicas{resource="nvidia.com/gpu",uuid="%s"} 3
+# HELP gpuslice_plugin_reloads_total Device-plugin configs applied (the first one included).
+# TYPE gpuslice_plugin_reloads_total counter
+gpuslice_plugin_reloads_total 1
+# HELP gpuslice_plugin_reload_failures_total Device-plugin configs rejected (invalid, unsupported or unreadable); the last good one stays.
+# TYPE gpuslice_plugin_reload_failures_total counter
+gpuslice_plugin_reload_failures_total 0
+# HELP gpuslice_plugin_unhealthy_gpus GPUs whose device IDs are advertised as unhealthy (critical Xid, failed or missing reading, within the recovery interval).
+# TYPE gpuslice_plugin_unhealthy_gpus gauge
+gpuslice_plugin_unhealthy_gpus 0
+`, uuid0, uuid1)))
+	if err != nil {
+		t.Error(err)
+	}
+}
