@@ -1,0 +1,183 @@
+// Command gpuslice-plugin is a kubelet device plugin for time-sliced NVIDIA
+// GPUs that reads NVIDIA's device-plugin config and applies a new replica
+// count live, on the open ListAndWatch stream, instead of restarting.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/internal/flagenv"
+	"github.com/gpuslice/gpuslice/internal/gpu/backend"
+	"github.com/gpuslice/gpuslice/internal/logging"
+	"github.com/gpuslice/gpuslice/internal/plugin"
+	"github.com/gpuslice/gpuslice/internal/podresources"
+	"github.com/gpuslice/gpuslice/internal/serve"
+)
+
+type options struct {
+	listen, metricsPath, webConfig     string
+	backend, simFile                   string
+	pluginDir, kubeletSocket           string
+	podResourcesSocket                 string
+	source, configFile                 string
+	configMap, defaultKey              string
+	kubeconfig, nodeName               string
+	policy                             string
+	healthInterval, recovery, heldPoll time.Duration
+	log                                logging.Flags
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("gpuslice-plugin", flag.ContinueOnError)
+	fs.StringVar(&o.listen, "web.listen-address", ":9848", "Address to serve metrics on.")
+	fs.StringVar(&o.metricsPath, "web.telemetry-path", "/metrics", "Path of the metrics.")
+	fs.StringVar(&o.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config (TLS, basic auth).")
+	fs.StringVar(&o.backend, "gpu.backend", backend.NVML, "GPU backend: nvml or sim.")
+	fs.StringVar(&o.simFile, "sim.file", "", "Simulated node file, for --gpu.backend=sim.")
+	fs.StringVar(&o.pluginDir, "device-plugin.path", pluginapi.DevicePluginPath, "The kubelet's device-plugin directory; the plugin's sockets go here.")
+	fs.StringVar(&o.kubeletSocket, "kubelet.socket", "", "The kubelet's registration socket (default <device-plugin.path>/kubelet.sock).")
+	fs.StringVar(&o.podResourcesSocket, "kubelet.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
+		"Kubelet PodResources API socket, to keep replica IDs in use advertised after a shrink; empty turns that off.")
+	fs.StringVar(&o.source, "config.source", "file", "Where the NVIDIA-format config comes from: file (--config-file) or kubernetes (--config.configmap).")
+	fs.StringVar(&o.configFile, "config-file", "", "NVIDIA device-plugin config file, watched for changes; empty: every GPU exclusive.")
+	fs.StringVar(&o.configMap, "config.configmap", "", "<namespace>/<name> of the ConfigMap holding configs, for --config.source=kubernetes.")
+	fs.StringVar(&o.defaultKey, "config.default", "", "ConfigMap key used when the node has no "+plugin.ConfigLabel+" label.")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --config.source=kubernetes; empty means in-cluster.")
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "This node's name (env NODE_NAME).")
+	fs.StringVar(&o.policy, "preferred-allocation", string(plugin.Distributed), "GetPreferredAllocation policy: distributed (least shared GPU first) or packed.")
+	fs.DurationVar(&o.healthInterval, "health.interval", 5*time.Second, "How often GPUs are read for health.")
+	fs.DurationVar(&o.recovery, "health.recovery-interval", time.Minute, "How long a GPU must answer well after a critical Xid or failed reading before it is healthy again.")
+	fs.DurationVar(&o.heldPoll, "kubelet.pod-resources-interval", 10*time.Second, "How often the IDs in use are read from the PodResources API.")
+	o.log.Register(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := flagenv.Apply(fs, "GPUSLICE_", nil); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "gpuslice-plugin:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	o, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	log, err := o.log.Logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+	policy, err := plugin.ParsePolicy(o.policy)
+	if err != nil {
+		return fmt.Errorf("--preferred-allocation: %w", err)
+	}
+	source, err := configSource(o)
+	if err != nil {
+		return err
+	}
+	gpus, err := backend.Open(o.backend, o.simFile, log)
+	if err != nil {
+		return err
+	}
+	defer gpus.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	opts := plugin.Options{
+		Backend: gpus, Source: source, DevicePluginDir: o.pluginDir, KubeletSocket: o.kubeletSocket,
+		Policy: policy, HealthInterval: o.healthInterval, RecoveryInterval: o.recovery, HeldInterval: o.heldPoll,
+		Registerer: reg, Logger: log,
+	}
+	if o.podResourcesSocket != "" {
+		c, err := podresources.NewClient(o.podResourcesSocket)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		opts.PodResources = c
+	}
+	p, err := plugin.New(opts)
+	if err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() {
+		served <- serve.Run(ctx, serve.Options{
+			Name: "gpuslice-plugin", Description: "Kubelet device plugin for time-sliced NVIDIA GPUs with live replica changes",
+			ListenAddress: o.listen, MetricsPath: o.metricsPath, WebConfigFile: o.webConfig, Registry: reg, Logger: log,
+		})
+	}()
+	log.Info("gpuslice-plugin starting", "device_plugin_dir", o.pluginDir, "config_source", o.source, "backend", o.backend, "policy", policy)
+	err = p.Run(ctx)
+	cancel()
+	if serr := <-served; err == nil && serr != nil {
+		err = serr
+	}
+	return err
+}
+
+func configSource(o *options) (plugin.Source, error) {
+	switch o.source {
+	case "file":
+		if o.configFile == "" {
+			return plugin.StaticSource(nil), nil
+		}
+		return &plugin.FileSource{Path: o.configFile}, nil
+	case "kubernetes":
+		ns, name, ok := strings.Cut(o.configMap, "/")
+		if !ok || ns == "" || name == "" {
+			return nil, fmt.Errorf("--config.configmap %q: want <namespace>/<name>", o.configMap)
+		}
+		if o.nodeName == "" {
+			return nil, errors.New("--config.source=kubernetes needs --node-name (or NODE_NAME)")
+		}
+		var cfg *rest.Config
+		var err error
+		if o.kubeconfig != "" {
+			cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+		} else {
+			cfg, err = rest.InClusterConfig()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("--config.source=kubernetes: %w", err)
+		}
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return &plugin.KubeSource{Client: client, Namespace: ns, Name: name, NodeName: o.nodeName, DefaultKey: o.defaultKey}, nil
+	default:
+		return nil, fmt.Errorf("unknown --config.source %q (want file or kubernetes)", o.source)
+	}
+}

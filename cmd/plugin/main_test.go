@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/gpuslice/gpuslice/internal/gpu/gputest"
+)
+
+func TestFlagsFromEnvironment(t *testing.T) {
+	t.Setenv("GPUSLICE_PREFERRED_ALLOCATION", "packed")
+	t.Setenv("GPUSLICE_CONFIG_SOURCE", "kubernetes")
+	o, err := parseFlags([]string{"--config.source=file"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.policy != "packed" || o.source != "file" {
+		t.Errorf("policy %q source %q: want packed from the environment and file from the command line", o.policy, o.source)
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--preferred-allocation=random"}, "--preferred-allocation"},
+		{[]string{"--config.source=etcd"}, `unknown --config.source "etcd"`},
+		{[]string{"--config.source=kubernetes", "--config.configmap=cfg"}, "want <namespace>/<name>"},
+		{[]string{"--config.source=kubernetes", "--config.configmap=gpu/cfg", "--node-name="}, "needs --node-name"},
+		{[]string{"--gpu.backend=sim"}, "needs --sim.file"},
+	} {
+		err := run(t.Context(), tc.args)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%q) = %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// registrar is the least of a kubelet: it accepts registrations and reads
+// the first device list of each plugin.
+type registrar struct {
+	pluginapi.UnimplementedRegistrationServer
+	dir   string
+	lists chan []*pluginapi.Device
+}
+
+func (r *registrar) Register(_ context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	go func() {
+		conn, err := grpc.NewClient("unix://"+filepath.Join(r.dir, req.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(context.Background(), &pluginapi.Empty{}, grpc.WaitForReady(true))
+		if err != nil {
+			return
+		}
+		if resp, err := stream.Recv(); err == nil {
+			r.lists <- resp.Devices
+		}
+	}()
+	return &pluginapi.Empty{}, nil
+}
+
+// TestRunOnSimulatedNode runs the whole program on the simulated node with a
+// config file, registers with a minimal kubelet, and reads its metrics.
+func TestRunOnSimulatedNode(t *testing.T) {
+	dir, err := os.MkdirTemp("", "gspm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	lis, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &registrar{dir: dir, lists: make(chan []*pluginapi.Device, 4)}
+	srv := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(srv, reg)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+
+	simFile := filepath.Join(t.TempDir(), "node.yaml")
+	gputest.WriteSimFile(t, simFile, gputest.GPU(gputest.UUID(0), gputest.A6000MemoryBytes))
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfg, []byte("version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := port.Addr().String()
+	port.Close()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--gpu.backend=sim", "--sim.file=" + simFile, "--config-file=" + cfg,
+			"--device-plugin.path=" + dir, "--kubelet.pod-resources-socket=", "--web.listen-address=" + addr, "--log.level=warn"})
+	}()
+	select {
+	case devs := <-reg.lists:
+		if len(devs) != 5 {
+			t.Errorf("first list has %d devices, want 5: %v", len(devs), devs)
+		}
+	case err := <-done:
+		t.Fatalf("run returned early: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no registration within 20 s")
+	}
+
+	var body string
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(body, "gpuslice_plugin_replicas{") && time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+		}
+		if !strings.Contains(body, "gpuslice_plugin_replicas{") {
+			time.Sleep(20 * time.Millisecond) // polling an HTTP server that is starting
+		}
+	}
+	if !strings.Contains(body, `gpuslice_plugin_replicas{resource="nvidia.com/gpu",uuid="`+gputest.UUID(0)+`"} 5`) {
+		t.Errorf("metrics lack the replicas gauge:\n%s", body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not stop")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "gpuslice-nvidia.com-gpu.sock")); !os.IsNotExist(err) {
+		t.Errorf("socket left behind after shutdown: %v", err)
+	}
+}
