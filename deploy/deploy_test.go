@@ -1,0 +1,1024 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpuslice/gpuslice/internal/testenv"
+)
+
+var update = flag.Bool("update", false, "rewrite deploy/manifests and the chart's copies of the alert rules and dashboards (what `make manifests` runs)")
+
+// repoRoot is the repository root: tests run in deploy/.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+var helmOnce struct {
+	sync.Once
+	path string
+	log  []byte
+	err  error
+}
+
+// helmBinary builds helm once through hack/helm.sh (a no-op when
+// .cache/bin/helm exists) and fails the test when it cannot: CI must never
+// pass without having linted and rendered the chart.
+func helmBinary(t *testing.T) Helm {
+	t.Helper()
+	root := repoRoot(t)
+	helmOnce.Do(func() {
+		cmd := exec.Command("bash", filepath.Join(root, "hack", "helm.sh"))
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		helmOnce.err = cmd.Run()
+		helmOnce.log = stderr.Bytes()
+		lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+		helmOnce.path = lines[len(lines)-1]
+	})
+	if helmOnce.err != nil {
+		t.Fatalf("hack/helm.sh could not build helm: %v\n%s", helmOnce.err, helmOnce.log)
+	}
+	if _, err := os.Stat(helmOnce.path); err != nil {
+		t.Fatalf("hack/helm.sh printed %q, which is not a file: %v", helmOnce.path, err)
+	}
+	return Helm{Path: helmOnce.path}
+}
+
+func chartPath(t *testing.T) string {
+	return filepath.Join(repoRoot(t), "deploy", ChartDir)
+}
+
+// valueSet is one way to install the chart. Each has its own release name
+// and namespace so that all of them can be installed in one API server
+// (cluster-scoped objects are named after the release).
+type valueSet struct {
+	name, release, namespace string
+	args                     []string
+}
+
+func valueSets() []valueSet {
+	return []valueSet{
+		{name: "default", release: "gpuslice", namespace: "gpuslice"},
+		{name: "plugin", release: "gp", namespace: "gpu-plugin", args: []string{
+			"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin",
+		}},
+		{name: "servicemonitors-rules-dashboards", release: "mon", namespace: "gpu-mon", args: []string{
+			"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin",
+			"--set", "monitoring.serviceMonitor.enabled=true",
+			"--set", "monitoring.serviceMonitor.labels.release=kube-prometheus-stack",
+			"--set", "monitoring.serviceMonitor.scrapeTimeout=10s",
+			"--set", "monitoring.prometheusRule.enabled=true",
+			"--set", "monitoring.prometheusRule.labels.release=kube-prometheus-stack",
+			"--set", "monitoring.dashboards.enabled=true",
+			"--set", "monitoring.dashboards.namespace=monitoring",
+			"--set", "monitoring.dashboards.annotations.grafana_folder=GPU",
+		}},
+		{name: "podmonitors", release: "pm", namespace: "gpu-pm", args: []string{
+			"--set", "plugin.enabled=true",
+			"--set", "monitoring.podMonitor.enabled=true",
+		}},
+		{name: "k3s-runtimeclass", release: "k3s", namespace: "gpu-k3s", args: []string{
+			"--set", "runtimeClassName=nvidia",
+		}},
+		{name: "kubelet-pods-config-manager", release: "kcm", namespace: "gpu-kcm", args: []string{
+			"--set", "exporter.podsSource=kubelet",
+			"--set", "exporter.kubeletInsecureSkipTLSVerify=true",
+			"--set", "exporter.rbac.nodesProxy=true",
+			"--set", "exporter.webConfig.basic_auth_users.prometheus=$2y$10$abcdefghijklmnopqrstuv",
+			"--set", "exporter.oom.patterns={CUDA error: out of memory}",
+			"--set", "exporter.podAnnotations.example\\.com/team=ml",
+			"--set", "tuner.mode=config-manager",
+			"--set", "tuner.devicePlugin.namespace=nvidia-device-plugin",
+			"--set", "tuner.replicas=2",
+			"--set", "tuner.config.policy.maxReplicas=6",
+			"--set", "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+			"--set", "gpuNodeSelector.nvidia\\.com/gpu\\.present=null",
+			"--set", "gpuNodeSelector.gpu=rtx-a6000",
+		}},
+	}
+}
+
+func render(t *testing.T, h Helm, vs valueSet) []Object {
+	t.Helper()
+	out, err := h.Template(t.Context(), chartPath(t), vs.release, vs.namespace, vs.args...)
+	if err != nil {
+		t.Fatalf("value set %s: %v", vs.name, err)
+	}
+	objs, err := Objects(out)
+	if err != nil {
+		t.Fatalf("value set %s: %v", vs.name, err)
+	}
+	return objs
+}
+
+func TestHelmLint(t *testing.T) {
+	h := helmBinary(t)
+	for _, vs := range valueSets() {
+		t.Run(vs.name, func(t *testing.T) {
+			for _, strict := range []bool{false, true} {
+				args := []string{"lint", chartPath(t), "--namespace", vs.namespace}
+				if strict {
+					args = append(args, "--strict")
+				}
+				if out, err := h.Run(t.Context(), append(args, vs.args...)...); err != nil {
+					t.Errorf("helm %s: %v\n%s", strings.Join(args[:1], " "), err, out)
+				}
+			}
+		})
+	}
+}
+
+func TestTemplateRejectsBadValues(t *testing.T) {
+	h := helmBinary(t)
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"both monitor kinds", []string{"--set", "monitoring.serviceMonitor.enabled=true", "--set", "monitoring.podMonitor.enabled=true"}, "scraped twice"},
+		{"unknown tuner mode", []string{"--set", "tuner.mode=live"}, `tuner.mode "live"`},
+		{"unknown pods source", []string{"--set", "exporter.podsSource=cri"}, `exporter.podsSource "cri"`},
+		{"plugin mode without the plugin", []string{"--set", "tuner.mode=plugin"}, "needs plugin.enabled=true"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := h.Template(t.Context(), chartPath(t), Release, Namespace, tc.args...)
+			if !errors.Is(err, ErrHelm) {
+				t.Fatalf("helm template %v: want an error, got %v", tc.args, err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("helm template %v: error does not say %q:\n%v", tc.args, tc.want, err)
+			}
+		})
+	}
+}
+
+// TestChartCopies checks that the chart's copies of the alert rules and the
+// dashboards are byte-for-byte the files they copy, and that the chart
+// carries no dashboard that dashboards/ no longer has.
+func TestChartCopies(t *testing.T) {
+	root := repoRoot(t)
+	sources, err := filepath.Glob(filepath.Join(root, "dashboards", "*.json"))
+	if err != nil || len(sources) == 0 {
+		t.Fatalf("no dashboards/*.json found (%v)", err)
+	}
+	copies := ChartCopies(sources)
+	for _, c := range copies {
+		want, err := os.ReadFile(filepath.Join(root, c.Source))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(root, c.Copy)
+		if *update {
+			if err := os.WriteFile(dst, want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(dst)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s is not a copy of %s (run `make manifests`)", c.Copy, c.Source)
+		}
+	}
+	inChart, err := filepath.Glob(filepath.Join(chartPath(t), "files", "dashboards", "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range inChart {
+		rel, _ := filepath.Rel(root, f)
+		if !slices.ContainsFunc(copies, func(c ChartCopy) bool { return c.Copy == rel }) {
+			if *update {
+				if err := os.Remove(f); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			t.Errorf("%s has no source in dashboards/ (run `make manifests`)", rel)
+		}
+	}
+}
+
+// TestManifests checks that deploy/manifests holds exactly what the chart
+// renders now.
+func TestManifests(t *testing.T) {
+	h := helmBinary(t)
+	dir := filepath.Join(repoRoot(t), "deploy", "manifests")
+	want := map[string]bool{}
+	for _, m := range Manifests() {
+		want[m.File] = true
+		t.Run(m.File, func(t *testing.T) {
+			got, err := m.Render(t.Context(), h, chartPath(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, m.File)
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			have, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run `make manifests`)", err)
+			}
+			if diff := cmp.Diff(string(have), string(got)); diff != "" {
+				t.Errorf("deploy/manifests/%s is stale; run `make manifests` (-committed +rendered):\n%s", m.File, diff)
+			}
+			if _, err := Objects(got); err != nil {
+				t.Errorf("deploy/manifests/%s: %v", m.File, err)
+			}
+		})
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !want[e.Name()] && e.Name() != "README.md" {
+			t.Errorf("deploy/manifests/%s is not rendered by Manifests() (delete it, or add it there)", e.Name())
+		}
+	}
+}
+
+// find returns the rendered object of kind and name, failing when absent.
+func find(t *testing.T, objs []Object, kind, name string) Object {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	var have []string
+	for _, o := range objs {
+		have = append(have, o.GetKind()+"/"+o.GetName())
+	}
+	t.Fatalf("no %s %s rendered; have %v", kind, name, have)
+	return Object{}
+}
+
+func kinds(objs []Object, kind string) []Object {
+	var out []Object
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func nested[T any](t *testing.T, o Object, path ...string) T {
+	t.Helper()
+	v, ok, err := unstructured.NestedFieldNoCopy(o.Object, path...)
+	if err != nil || !ok {
+		t.Fatalf("%s: no %s (%v)", o, strings.Join(path, "."), err)
+	}
+	typed, ok := v.(T)
+	if !ok {
+		t.Fatalf("%s: %s is %T, want %T", o, strings.Join(path, "."), v, typed)
+	}
+	return typed
+}
+
+// container returns the only container of a workload's pod template.
+func container(t *testing.T, o Object) map[string]any {
+	t.Helper()
+	cs := nested[[]any](t, o, "spec", "template", "spec", "containers")
+	if len(cs) != 1 {
+		t.Fatalf("%s: %d containers, want 1", o, len(cs))
+	}
+	return cs[0].(map[string]any)
+}
+
+func strs(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, fmt.Sprint(x))
+	}
+	return out
+}
+
+func appVersion(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(chartPath(t), "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(data, &c); err != nil || c.AppVersion == "" {
+		t.Fatalf("Chart.yaml appVersion: %q, %v", c.AppVersion, err)
+	}
+	return c.AppVersion
+}
+
+// mountsOf maps mount path → {volume, readOnly} and volumes name → host path.
+func mountsOf(t *testing.T, o Object) (map[string]corev1.VolumeMount, map[string]string) {
+	t.Helper()
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range container(t, o)["volumeMounts"].([]any) {
+		mm := m.(map[string]any)
+		ro, _ := mm["readOnly"].(bool)
+		mounts[mm["mountPath"].(string)] = corev1.VolumeMount{Name: mm["name"].(string), ReadOnly: ro}
+	}
+	hostPaths := map[string]string{}
+	for _, v := range nested[[]any](t, o, "spec", "template", "spec", "volumes") {
+		vm := v.(map[string]any)
+		if hp, ok := vm["hostPath"].(map[string]any); ok {
+			hostPaths[vm["name"].(string)] = hp["path"].(string)
+		}
+	}
+	return mounts, hostPaths
+}
+
+func checkHostMount(t *testing.T, o Object, mountPath, hostPath string, readOnly bool) {
+	t.Helper()
+	mounts, hostPaths := mountsOf(t, o)
+	m, ok := mounts[mountPath]
+	if !ok {
+		t.Errorf("%s: nothing mounted at %s", o, mountPath)
+		return
+	}
+	if got := hostPaths[m.Name]; got != hostPath {
+		t.Errorf("%s: %s comes from host path %q, want %q", o, mountPath, got, hostPath)
+	}
+	if m.ReadOnly != readOnly {
+		t.Errorf("%s: %s readOnly=%v, want %v", o, mountPath, m.ReadOnly, readOnly)
+	}
+}
+
+// checkLocked asserts the container is not privileged, cannot gain
+// privileges, drops every capability and has a read-only root.
+func checkLocked(t *testing.T, o Object) {
+	t.Helper()
+	sc, _ := container(t, o)["securityContext"].(map[string]any)
+	if sc == nil {
+		t.Errorf("%s: no container securityContext", o)
+		return
+	}
+	if sc["privileged"] != false || sc["allowPrivilegeEscalation"] != false || sc["readOnlyRootFilesystem"] != true {
+		t.Errorf("%s: securityContext %v, want privileged=false allowPrivilegeEscalation=false readOnlyRootFilesystem=true", o, sc)
+	}
+	caps, _ := sc["capabilities"].(map[string]any)
+	if caps == nil || !slices.Equal(strs(caps["drop"]), []string{"ALL"}) || caps["add"] != nil {
+		t.Errorf("%s: capabilities %v, want drop [ALL] and nothing added", o, caps)
+	}
+}
+
+func checkPort(t *testing.T, o Object, port int64) {
+	t.Helper()
+	ports, _ := container(t, o)["ports"].([]any)
+	for _, p := range ports {
+		pm := p.(map[string]any)
+		if pm["name"] == "metrics" {
+			if pm["containerPort"] != port {
+				t.Errorf("%s: metrics port %v, want %d", o, pm["containerPort"], port)
+			}
+			return
+		}
+	}
+	t.Errorf("%s: no container port named metrics", o)
+}
+
+func envFieldRefs(t *testing.T, o Object) map[string]string {
+	t.Helper()
+	refs := map[string]string{}
+	for _, e := range container(t, o)["env"].([]any) {
+		em := e.(map[string]any)
+		if vf, ok := em["valueFrom"].(map[string]any); ok {
+			if fr, ok := vf["fieldRef"].(map[string]any); ok {
+				refs[em["name"].(string)] = fr["fieldPath"].(string)
+			}
+		}
+	}
+	return refs
+}
+
+// exporterJobRegex is the job matcher of the GPUSliceExporterDown alert, read
+// from the rule file so the chart's job names are checked against the rule
+// that depends on them.
+func exporterJobRegex(t *testing.T) *regexp.Regexp {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "alerts", "gpuslice-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct{ Alert, Expr string }
+		}
+	}
+	if err := yaml.Unmarshal(data, &rules); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert != "GPUSliceExporterDown" {
+				continue
+			}
+			m := regexp.MustCompile(`job=~"([^"]+)"`).FindStringSubmatch(r.Expr)
+			if m == nil {
+				t.Fatalf("GPUSliceExporterDown expr %q has no job=~ matcher", r.Expr)
+			}
+			// PromQL regexes are anchored.
+			return regexp.MustCompile("^(?:" + m[1] + ")$")
+		}
+	}
+	t.Fatal("alerts/gpuslice-rules.yaml has no GPUSliceExporterDown alert")
+	return nil
+}
+
+func TestRenderedWorkloads(t *testing.T) {
+	h := helmBinary(t)
+	sets := map[string]valueSet{}
+	for _, vs := range valueSets() {
+		sets[vs.name] = vs
+	}
+
+	t.Run("exporter", func(t *testing.T) {
+		objs := render(t, h, sets["default"])
+		ds := find(t, objs, "DaemonSet", "gpuslice-exporter")
+		if !nested[bool](t, ds, "spec", "template", "spec", "hostPID") {
+			t.Errorf("%s: hostPID is not true", ds)
+		}
+		c := container(t, ds)
+		if got := strs(c["command"]); !slices.Equal(got, []string{"gpuslice-exporter"}) {
+			t.Errorf("%s: command %v", ds, got)
+		}
+		if got, want := c["image"], "ghcr.io/gpuslice/gpuslice:"+appVersion(t); got != want {
+			t.Errorf("%s: image %v, want %s", ds, got, want)
+		}
+		args := strs(c["args"])
+		for _, want := range []string{
+			"--web.listen-address=:9846", "--path.procfs=/host/proc",
+			"--kubelet.pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+			"--path.pod-logs=/var/log/pods", "--pods.source=apiserver",
+		} {
+			if !slices.Contains(args, want) {
+				t.Errorf("%s: args %v lack %s", ds, args, want)
+			}
+		}
+		checkHostMount(t, ds, "/var/lib/kubelet/pod-resources", "/var/lib/kubelet/pod-resources", true)
+		checkHostMount(t, ds, "/var/log/pods", "/var/log/pods", true)
+		checkHostMount(t, ds, "/host/proc", "/proc", true)
+		if diff := cmp.Diff(map[string]string{"NODE_NAME": "spec.nodeName", "NODE_IP": "status.hostIP"}, envFieldRefs(t, ds)); diff != "" {
+			t.Errorf("%s: downward-API env (-want +got):\n%s", ds, diff)
+		}
+		if got := nested[map[string]any](t, ds, "spec", "template", "spec", "nodeSelector"); !cmp.Equal(got, map[string]any{"nvidia.com/gpu.present": "true"}) {
+			t.Errorf("%s: nodeSelector %v", ds, got)
+		}
+		if _, ok, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "runtimeClassName"); ok {
+			t.Errorf("%s: runtimeClassName set by default", ds)
+		}
+		checkLocked(t, ds)
+		checkPort(t, ds, 9846)
+		cr := find(t, objs, "ClusterRole", "gpuslice-exporter")
+		if diff := cmp.Diff([]any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}}}, nested[[]any](t, cr, "rules")); diff != "" {
+			t.Errorf("%s rules (-want +got):\n%s", cr, diff)
+		}
+	})
+
+	t.Run("exporter with kubelet pods, k3s paths and overrides", func(t *testing.T) {
+		objs := render(t, h, sets["kubelet-pods-config-manager"])
+		ds := find(t, objs, "DaemonSet", "kcm-gpuslice-exporter")
+		args := strs(container(t, ds)["args"])
+		for _, want := range []string{"--pods.source=kubelet", "--kubelet.insecure-skip-tls-verify", "--web.config.file=/etc/gpuslice/web/web-config.yaml", "--oom.pattern=CUDA error: out of memory"} {
+			if !slices.Contains(args, want) {
+				t.Errorf("%s: args %v lack %s", ds, args, want)
+			}
+		}
+		if got := container(t, ds)["image"]; !strings.HasPrefix(fmt.Sprint(got), "ghcr.io/gpuslice/gpuslice@sha256:") {
+			t.Errorf("%s: image %v, want the digest", ds, got)
+		}
+		if got := nested[map[string]any](t, ds, "spec", "template", "spec", "nodeSelector"); !cmp.Equal(got, map[string]any{"gpu": "rtx-a6000"}) {
+			t.Errorf("%s: nodeSelector %v, want only gpu=rtx-a6000", ds, got)
+		}
+		cr := find(t, objs, "ClusterRole", "kcm-gpuslice-exporter")
+		if got := strs(nested[[]any](t, cr, "rules")[0].(map[string]any)["resources"]); !slices.Equal(got, []string{"nodes/pods", "nodes/proxy"}) {
+			t.Errorf("%s: resources %v", cr, got)
+		}
+		find(t, objs, "Secret", "kcm-gpuslice-exporter-web-config")
+	})
+
+	t.Run("runtime class", func(t *testing.T) {
+		objs := render(t, h, sets["k3s-runtimeclass"])
+		ds := find(t, objs, "DaemonSet", "k3s-gpuslice-exporter")
+		if got := nested[string](t, ds, "spec", "template", "spec", "runtimeClassName"); got != "nvidia" {
+			t.Errorf("%s: runtimeClassName %q", ds, got)
+		}
+	})
+
+	t.Run("tuner", func(t *testing.T) {
+		objs := render(t, h, sets["default"])
+		d := find(t, objs, "Deployment", "gpuslice-tuner")
+		c := container(t, d)
+		if got := strs(c["command"]); !slices.Equal(got, []string{"gpuslice-tuner"}) {
+			t.Errorf("%s: command %v", d, got)
+		}
+		if got := strs(c["args"]); !slices.Equal(got[:2], []string{"run", "--config=/etc/gpuslice/tuner.yaml"}) {
+			t.Errorf("%s: args %v", d, got)
+		}
+		mounts, _ := mountsOf(t, d)
+		if m := mounts["/etc/gpuslice"]; m.Name != "config" {
+			t.Errorf("%s: /etc/gpuslice mounts %q", d, m.Name)
+		}
+		cm := find(t, objs, "ConfigMap", "gpuslice-tuner")
+		var cfg map[string]any
+		if err := yaml.Unmarshal([]byte(nested[string](t, cm, "data", "tuner.yaml")), &cfg); err != nil {
+			t.Fatalf("%s: tuner.yaml: %v", cm, err)
+		}
+		if cfg["mode"] != "restart" {
+			t.Errorf("%s: mode %v", cm, cfg["mode"])
+		}
+		checkLocked(t, d)
+		checkPort(t, d, 9847)
+		role := find(t, objs, "Role", "gpuslice-tuner-device-plugin")
+		if role.GetNamespace() != "kube-system" {
+			t.Errorf("%s: namespace %q, want kube-system", role, role.GetNamespace())
+		}
+
+		objs = render(t, h, sets["kubelet-pods-config-manager"])
+		d = find(t, objs, "Deployment", "kcm-gpuslice-tuner")
+		if got := nested[int64](t, d, "spec", "replicas"); got != 2 {
+			t.Errorf("%s: replicas %d", d, got)
+		}
+		nested[map[string]any](t, d, "spec", "template", "spec", "affinity", "podAntiAffinity")
+		cm = find(t, objs, "ConfigMap", "kcm-gpuslice-tuner")
+		cfg = nil
+		if err := yaml.Unmarshal([]byte(nested[string](t, cm, "data", "tuner.yaml")), &cfg); err != nil {
+			t.Fatalf("%s: tuner.yaml: %v", cm, err)
+		}
+		if got := cfg["policy"].(map[string]any)["maxReplicas"]; got != float64(6) {
+			t.Errorf("%s: policy.maxReplicas %v, want the value 6", cm, got)
+		}
+		if got := cfg["devicePlugin"].(map[string]any)["namespace"]; got != "nvidia-device-plugin" {
+			t.Errorf("%s: devicePlugin.namespace %v", cm, got)
+		}
+	})
+
+	t.Run("plugin", func(t *testing.T) {
+		if objs := render(t, h, sets["default"]); len(slices.DeleteFunc(kinds(objs, "DaemonSet"), func(o Object) bool { return !strings.HasSuffix(o.GetName(), "-plugin") })) != 0 {
+			t.Errorf("the plugin DaemonSet is rendered by default")
+		}
+		objs := render(t, h, sets["plugin"])
+		ds := find(t, objs, "DaemonSet", "gp-gpuslice-plugin")
+		if got := strs(container(t, ds)["command"]); !slices.Equal(got, []string{"gpuslice-plugin"}) {
+			t.Errorf("%s: command %v", ds, got)
+		}
+		checkHostMount(t, ds, "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/device-plugins", false)
+		checkLocked(t, ds)
+		checkPort(t, ds, 9848)
+		cm := find(t, objs, "ConfigMap", "gp-gpuslice-plugin-config")
+		if !strings.Contains(nested[string](t, cm, "data", "default"), "replicas: 4") {
+			t.Errorf("%s: default config %q", cm, nested[string](t, cm, "data", "default"))
+		}
+		role := find(t, objs, "Role", "gp-gpuslice-plugin")
+		if got := strs(nested[[]any](t, role, "rules")[0].(map[string]any)["resourceNames"]); !slices.Equal(got, []string{"gp-gpuslice-plugin-config"}) {
+			t.Errorf("%s: resourceNames %v", role, got)
+		}
+	})
+
+	// Every Service selects its workload's pods and has the port the
+	// monitors name.
+	t.Run("services select their pods", func(t *testing.T) {
+		objs := render(t, h, sets["plugin"])
+		for _, svc := range kinds(objs, "Service") {
+			sel := nested[map[string]any](t, svc, "spec", "selector")
+			matched := 0
+			for _, w := range slices.Concat(kinds(objs, "DaemonSet"), kinds(objs, "Deployment")) {
+				labels := nested[map[string]any](t, w, "spec", "template", "metadata", "labels")
+				all := true
+				for k, v := range sel {
+					all = all && labels[k] == v
+				}
+				if all {
+					matched++
+				}
+			}
+			if matched != 1 {
+				t.Errorf("%s selects the pods of %d workloads, want 1", svc, matched)
+			}
+		}
+	})
+}
+
+func TestRenderedMonitoring(t *testing.T) {
+	h := helmBinary(t)
+	sets := map[string]valueSet{}
+	for _, vs := range valueSets() {
+		sets[vs.name] = vs
+	}
+	jobRe := exporterJobRegex(t)
+	nodeRelabel := map[string]any{"action": "replace", "sourceLabels": []any{"__meta_kubernetes_pod_node_name"}, "targetLabel": "node"}
+
+	checkRelabel := func(t *testing.T, o Object, endpoints string) {
+		t.Helper()
+		eps := nested[[]any](t, o, "spec", endpoints)
+		relabels, _ := eps[0].(map[string]any)["relabelings"].([]any)
+		hasNode := slices.ContainsFunc(relabels, func(r any) bool { return cmp.Equal(r, nodeRelabel) })
+		wantNode := !strings.HasSuffix(o.GetName(), "-tuner")
+		if hasNode != wantNode {
+			t.Errorf("%s: node relabel present=%v, want %v (relabelings %v)", o, hasNode, wantNode, relabels)
+		}
+	}
+
+	t.Run("servicemonitors", func(t *testing.T) {
+		objs := render(t, h, sets["servicemonitors-rules-dashboards"])
+		sms := kinds(objs, "ServiceMonitor")
+		if len(sms) != 3 {
+			t.Fatalf("%d ServiceMonitors, want exporter, tuner and plugin", len(sms))
+		}
+		for _, sm := range sms {
+			checkRelabel(t, sm, "endpoints")
+			if sm.GetLabels()["release"] != "kube-prometheus-stack" {
+				t.Errorf("%s: labels %v lack release", sm, sm.GetLabels())
+			}
+			// The job is the name of the Service the monitor selects.
+			sel := nested[map[string]any](t, sm, "spec", "selector", "matchLabels")
+			var services []string
+			for _, svc := range kinds(objs, "Service") {
+				labels := svc.GetLabels()
+				all := true
+				for k, v := range sel {
+					all = all && labels[k] == v
+				}
+				if all {
+					services = append(services, svc.GetName())
+				}
+			}
+			if len(services) != 1 {
+				t.Fatalf("%s selects Services %v, want one", sm, services)
+			}
+			isExporter := strings.HasSuffix(sm.GetName(), "-exporter")
+			if jobRe.MatchString(services[0]) != isExporter {
+				t.Errorf("%s: job %q matches the exporter-down alert's %s: %v, want %v", sm, services[0], jobRe, !isExporter, isExporter)
+			}
+		}
+	})
+
+	t.Run("podmonitors", func(t *testing.T) {
+		vs := sets["podmonitors"]
+		pms := kinds(render(t, h, vs), "PodMonitor")
+		if len(pms) != 3 {
+			t.Fatalf("%d PodMonitors, want exporter, tuner and plugin", len(pms))
+		}
+		for _, pm := range pms {
+			checkRelabel(t, pm, "podMetricsEndpoints")
+			job := vs.namespace + "/" + pm.GetName()
+			isExporter := strings.HasSuffix(pm.GetName(), "-exporter")
+			if jobRe.MatchString(job) != isExporter {
+				t.Errorf("%s: job %q matches the exporter-down alert's %s: %v, want %v", pm, job, jobRe, !isExporter, isExporter)
+			}
+		}
+	})
+
+	t.Run("prometheusrule is the rule file", func(t *testing.T) {
+		objs := render(t, h, sets["servicemonitors-rules-dashboards"])
+		pr := find(t, objs, "PrometheusRule", "mon-gpuslice")
+		data, err := os.ReadFile(filepath.Join(repoRoot(t), "alerts", "gpuslice-rules.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want map[string]any
+		if err := yaml.Unmarshal(data, &want); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, nested[map[string]any](t, pr, "spec")); diff != "" {
+			t.Errorf("%s spec differs from alerts/gpuslice-rules.yaml (-file +rendered):\n%s", pr, diff)
+		}
+	})
+
+	t.Run("dashboards", func(t *testing.T) {
+		objs := render(t, h, sets["servicemonitors-rules-dashboards"])
+		sources, err := filepath.Glob(filepath.Join(repoRoot(t), "dashboards", "*.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := map[string]bool{}
+		for _, cm := range kinds(objs, "ConfigMap") {
+			if cm.GetLabels()["grafana_dashboard"] != "1" {
+				continue
+			}
+			if cm.GetNamespace() != "monitoring" || cm.GetAnnotations()["grafana_folder"] != "GPU" {
+				t.Errorf("%s: namespace %q annotations %v", cm, cm.GetNamespace(), cm.GetAnnotations())
+			}
+			for key, v := range nested[map[string]any](t, cm, "data") {
+				want, err := os.ReadFile(filepath.Join(repoRoot(t), "dashboards", key))
+				if err != nil {
+					t.Errorf("%s: key %s is no file of dashboards/: %v", cm, key, err)
+					continue
+				}
+				if v != string(want) {
+					t.Errorf("%s: %s differs from dashboards/%s", cm, key, key)
+				}
+				found[key] = true
+			}
+		}
+		for _, s := range sources {
+			if !found[filepath.Base(s)] {
+				t.Errorf("dashboards/%s is in no ConfigMap labelled grafana_dashboard=1", filepath.Base(s))
+			}
+		}
+	})
+
+	t.Run("off by default", func(t *testing.T) {
+		for _, o := range render(t, h, sets["default"]) {
+			if o.GetAPIVersion() == "monitoring.coreos.com/v1" || o.GetLabels()["grafana_dashboard"] != "" {
+				t.Errorf("%s rendered by default", o)
+			}
+		}
+	})
+}
+
+// apiServer is a real kube-apiserver with the monitoring CRDs installed.
+type apiServer struct {
+	env    *testenv.Env
+	dyn    dynamic.Interface
+	mapper meta.RESTMapper
+}
+
+func startAPIServer(t *testing.T) *apiServer {
+	t.Helper()
+	env := testenv.Start(t)
+	dyn, err := dynamic.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &apiServer{env: env, dyn: dyn}
+	data, err := os.ReadFile(filepath.Join("testdata", "monitoring-crds.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crds, err := Objects(data)
+	if err != nil {
+		t.Fatalf("testdata/monitoring-crds.yaml: %v", err)
+	}
+	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	for _, crd := range crds {
+		if _, err := dyn.Resource(crdGVR).Create(t.Context(), crd.Unstructured, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+			t.Fatalf("installing CRD %s: %v", crd.GetName(), err)
+		}
+	}
+	// Poll until the API server serves all three kinds.
+	dc, err := discovery.NewDiscoveryClientForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		groups, err := restmapper.GetAPIGroupResources(dc)
+		if err == nil {
+			a.mapper = restmapper.NewDiscoveryRESTMapper(groups)
+			ok := true
+			for _, kind := range []string{"ServiceMonitor", "PodMonitor", "PrometheusRule"} {
+				_, err := a.mapper.RESTMapping(schema.GroupKind{Group: "monitoring.coreos.com", Kind: kind}, "v1")
+				ok = ok && err == nil
+			}
+			if ok {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the API server does not serve the monitoring.coreos.com kinds 30s after installing their CRDs (last error %v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return a
+}
+
+// ensureNamespace creates ns unless it exists (kube-system does; the API
+// server may still be creating it right after start).
+func (a *apiServer) ensureNamespace(t *testing.T, ns string) {
+	t.Helper()
+	_, err := a.env.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("namespace %s: %v", ns, err)
+	}
+}
+
+// create sends o to the API server with strict field validation, as a
+// server-side dry run when dryRun is set.
+func (a *apiServer) create(ctx context.Context, o Object, dryRun bool) error {
+	gvk := o.GroupVersionKind()
+	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return fmt.Errorf("the API server does not serve %s: %w", gvk, err)
+	}
+	opts := metav1.CreateOptions{FieldValidation: "Strict"}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	var r dynamic.ResourceInterface = a.dyn.Resource(m.Resource)
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		if o.GetNamespace() == "" {
+			return errors.New("namespaced object without metadata.namespace (the manifests must apply in any current namespace)")
+		}
+		r = a.dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+	} else if o.GetNamespace() != "" {
+		return fmt.Errorf("cluster-scoped object with metadata.namespace %q", o.GetNamespace())
+	}
+	_, err = r.Create(ctx, o.Unstructured, opts)
+	return err
+}
+
+func (a *apiServer) namespaces(t *testing.T, objs []Object) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, o := range objs {
+		if ns := o.GetNamespace(); ns != "" && !seen[ns] {
+			seen[ns] = true
+			a.ensureNamespace(t, ns)
+		}
+	}
+}
+
+// TestAPIServer sends every object the chart renders, for every value set and
+// every committed manifest, to a real kube-apiserver as a server-side dry run
+// with strict field validation; then installs two releases for real and asks
+// the API server's RBAC authorizer what each component's ServiceAccount may
+// do.
+func TestAPIServer(t *testing.T) {
+	h := helmBinary(t)
+	a := startAPIServer(t)
+
+	// The checks can fail: the API server rejects a misspelt field, and the
+	// monitoring CRDs reject a monitor the operator would.
+	t.Run("negative controls", func(t *testing.T) {
+		a.ensureNamespace(t, "controls")
+		bad := []string{
+			`apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: typo, namespace: controls}
+spec:
+  selector: {matchLabels: {a: b}}
+  template:
+    metadata: {labels: {a: b}}
+    spec:
+      hostPid: true
+      containers: [{name: c, image: i}]`,
+			`apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata: {name: bad-action, namespace: controls}
+spec:
+  selector: {matchLabels: {a: b}}
+  endpoints: [{port: metrics, relabelings: [{action: rename, targetLabel: node}]}]`,
+			`apiVersion: monitoring.coreos.com/v1
+kind: PodMonitor
+metadata: {name: bad-interval, namespace: controls}
+spec:
+  selector: {matchLabels: {a: b}}
+  podMetricsEndpoints: [{port: metrics, interval: 15 seconds}]`,
+			`apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata: {name: no-expr, namespace: controls}
+spec:
+  groups: [{name: g, rules: [{alert: A, for: 5m}]}]`,
+		}
+		for _, doc := range bad {
+			objs, err := Objects([]byte(doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = a.create(t.Context(), objs[0], true)
+			if err == nil {
+				t.Errorf("%s was accepted; the dry run would not catch a broken chart", objs[0])
+				continue
+			}
+			t.Logf("%s rejected as it should be: %v", objs[0], err)
+		}
+	})
+
+	for _, vs := range valueSets() {
+		t.Run("dry-run/"+vs.name, func(t *testing.T) {
+			objs := render(t, h, vs)
+			a.namespaces(t, objs)
+			for _, o := range objs {
+				if err := a.create(t.Context(), o, true); err != nil {
+					t.Errorf("%s rejected: %v", o, err)
+				}
+			}
+		})
+	}
+	for _, m := range Manifests() {
+		t.Run("dry-run/manifests/"+m.File, func(t *testing.T) {
+			data, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "manifests", m.File))
+			if err != nil {
+				t.Fatalf("%v (run `make manifests`)", err)
+			}
+			objs, err := Objects(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.namespaces(t, objs)
+			for _, o := range objs {
+				if err := a.create(t.Context(), o, true); err != nil {
+					t.Errorf("deploy/manifests/%s: %s rejected: %v", m.File, o, err)
+				}
+			}
+		})
+	}
+
+	t.Run("rbac", func(t *testing.T) {
+		sets := map[string]valueSet{}
+		for _, vs := range valueSets() {
+			sets[vs.name] = vs
+		}
+		for _, name := range []string{"default", "plugin"} {
+			objs := render(t, h, sets[name])
+			a.namespaces(t, objs)
+			for _, o := range objs {
+				if err := a.create(t.Context(), o, false); err != nil {
+					t.Fatalf("installing %s: %v", o, err)
+				}
+			}
+		}
+		type access struct {
+			sa                                     string // namespace/name
+			verb, group, resource, namespace, name string
+			allowed                                bool
+		}
+		tests := []access{
+			// default: release gpuslice in gpuslice, tuner in restart mode.
+			{"gpuslice/gpuslice-exporter", "list", "", "pods", "", "", true},
+			{"gpuslice/gpuslice-exporter", "watch", "", "pods", "", "", true},
+			{"gpuslice/gpuslice-exporter", "get", "", "nodes/proxy", "", "n1", false},
+			{"gpuslice/gpuslice-exporter", "get", "", "secrets", "gpuslice", "", false},
+			{"gpuslice/gpuslice-tuner", "patch", "apps", "daemonsets", "kube-system", "nvidia-device-plugin-daemonset", true},
+			{"gpuslice/gpuslice-tuner", "patch", "apps", "daemonsets", "kube-system", "kube-proxy", false},
+			{"gpuslice/gpuslice-tuner", "update", "", "configmaps", "kube-system", "nvidia-device-plugin-config", true},
+			{"gpuslice/gpuslice-tuner", "watch", "", "configmaps", "kube-system", "nvidia-device-plugin-config", true},
+			{"gpuslice/gpuslice-tuner", "update", "", "configmaps", "kube-system", "coredns", false},
+			{"gpuslice/gpuslice-tuner", "create", "coordination.k8s.io", "leases", "gpuslice", "", true},
+			{"gpuslice/gpuslice-tuner", "update", "coordination.k8s.io", "leases", "gpuslice", "gpuslice-tuner", true},
+			{"gpuslice/gpuslice-tuner", "update", "coordination.k8s.io", "leases", "kube-system", "gpuslice-tuner", false},
+			{"gpuslice/gpuslice-tuner", "update", "coordination.k8s.io", "leases", "gpuslice", "other", false},
+			{"gpuslice/gpuslice-tuner", "list", "", "nodes", "", "", true},
+			{"gpuslice/gpuslice-tuner", "patch", "", "nodes", "", "n1", false},
+			{"gpuslice/gpuslice-tuner", "create", "", "events", "default", "", true},
+			{"gpuslice/gpuslice-tuner", "get", "", "secrets", "kube-system", "", false},
+			// plugin: release gp in gpu-plugin, tuner in plugin mode.
+			{"gpu-plugin/gp-gpuslice-tuner", "patch", "", "nodes", "", "n1", true},
+			{"gpu-plugin/gp-gpuslice-tuner", "update", "", "configmaps", "gpu-plugin", "gp-gpuslice-plugin-config", true},
+			{"gpu-plugin/gp-gpuslice-tuner", "update", "", "configmaps", "kube-system", "nvidia-device-plugin-config", false},
+			{"gpu-plugin/gp-gpuslice-tuner", "patch", "apps", "daemonsets", "kube-system", "nvidia-device-plugin-daemonset", false},
+			{"gpu-plugin/gp-gpuslice-plugin", "watch", "", "configmaps", "gpu-plugin", "gp-gpuslice-plugin-config", true},
+			{"gpu-plugin/gp-gpuslice-plugin", "get", "", "configmaps", "gpu-plugin", "gp-gpuslice-tuner", false},
+			{"gpu-plugin/gp-gpuslice-plugin", "update", "", "configmaps", "gpu-plugin", "gp-gpuslice-plugin-config", false},
+			{"gpu-plugin/gp-gpuslice-plugin", "watch", "", "nodes", "", "", true},
+			{"gpu-plugin/gp-gpuslice-plugin", "patch", "", "nodes", "", "n1", false},
+			{"gpu-plugin/gp-gpuslice-plugin", "create", "", "events", "default", "", true},
+		}
+		for _, tc := range tests {
+			ns, sa, _ := strings.Cut(tc.sa, "/")
+			name := fmt.Sprintf("%s %s %s/%s %s/%s", tc.sa, tc.verb, tc.group, tc.resource, tc.namespace, tc.name)
+			resource, sub, _ := strings.Cut(tc.resource, "/")
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   "system:serviceaccount:" + ns + ":" + sa,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: tc.verb, Group: tc.group, Resource: resource, Subresource: sub,
+					Namespace: tc.namespace, Name: tc.name,
+				},
+			}}
+			got, err := a.env.Client.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), sar, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if got.Status.Allowed != tc.allowed {
+				t.Errorf("%s: allowed=%v, want %v (%s)", name, got.Status.Allowed, tc.allowed, got.Status.Reason)
+			}
+		}
+	})
+}

@@ -1,0 +1,154 @@
+{{/*
+Chart name, trimmed to the 63 characters a label value allows.
+*/}}
+{{- define "gpuslice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Base name of every object: the release name when it already says gpuslice,
+else <release>-gpuslice. Components append -exporter, -tuner, -plugin (at
+most 9 characters), so the base is cut at 54 to keep object names within 63.
+*/}}
+{{- define "gpuslice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 54 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 54 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 54 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels of every object. Call with (dict "ctx" $ "component" "exporter").
+*/}}
+{{- define "gpuslice.labels" -}}
+helm.sh/chart: {{ include "gpuslice.chart" .ctx }}
+{{ include "gpuslice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: gpuslice
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels: stable across upgrades (a Deployment's or DaemonSet's
+selector cannot change).
+*/}}
+{{- define "gpuslice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuslice.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- if .component }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image reference; a digest wins over the tag.
+*/}}
+{{- define "gpuslice.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+ServiceAccount name of a component: (dict "ctx" $ "component" "tuner").
+*/}}
+{{- define "gpuslice.serviceAccountName" -}}
+{{- printf "%s-%s" (include "gpuslice.fullname" .ctx) .component }}
+{{- end }}
+
+{{/*
+The namespace and name of the device-plugin ConfigMap the tuner writes and
+gpuslice-plugin reads. In plugin mode it lives in the release namespace and
+the chart creates it; otherwise it belongs to NVIDIA's device plugin.
+*/}}
+{{- define "gpuslice.dpNamespace" -}}
+{{- if .Values.tuner.devicePlugin.namespace }}
+{{- .Values.tuner.devicePlugin.namespace }}
+{{- else if eq .Values.tuner.mode "plugin" }}
+{{- .Release.Namespace }}
+{{- else }}
+{{- "kube-system" }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.dpConfigMap" -}}
+{{- if .Values.tuner.devicePlugin.configMap }}
+{{- .Values.tuner.devicePlugin.configMap }}
+{{- else if eq .Values.tuner.mode "plugin" }}
+{{- printf "%s-plugin-config" (include "gpuslice.fullname" .) }}
+{{- else }}
+{{- "nvidia-device-plugin-config" }}
+{{- end }}
+{{- end }}
+
+{{/*
+gpuslice-plugin's ConfigMap: the tuner's in plugin mode, else its own name in
+the release namespace (the plugin can run without the tuner, or before it).
+*/}}
+{{- define "gpuslice.pluginConfigMap" -}}
+{{- if eq .Values.tuner.mode "plugin" }}
+{{- include "gpuslice.dpConfigMap" . }}
+{{- else }}
+{{- printf "%s-plugin-config" (include "gpuslice.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.pluginNamespace" -}}
+{{- if eq .Values.tuner.mode "plugin" }}
+{{- include "gpuslice.dpNamespace" . }}
+{{- else }}
+{{- .Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuslice.leaseName" -}}
+{{- default (printf "%s-tuner" (include "gpuslice.fullname" .)) .Values.tuner.leaderElection.leaseName }}
+{{- end }}
+
+{{/*
+Relabelings of the exporter's and plugin's monitors: the pod's node becomes
+the `node` label the alerts and dashboards group by; the target's
+namespace/pod/container labels are dropped because the exporter's own
+labels of those names name the GPU workload, and a clash would rename them
+to exported_*.
+*/}}
+{{- define "gpuslice.nodeRelabelings" -}}
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: node
+- action: labeldrop
+  regex: namespace|pod|container
+{{- end }}
+
+{{/*
+Validation of value combinations that would render a broken install.
+*/}}
+{{- define "gpuslice.validate" -}}
+{{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled }}
+{{- fail "monitoring.serviceMonitor.enabled and monitoring.podMonitor.enabled are both true: every target would be scraped twice; enable one" }}
+{{- end }}
+{{- if not (has .Values.tuner.mode (list "plugin" "config-manager" "restart")) }}
+{{- fail (printf "tuner.mode %q: want plugin, config-manager or restart" .Values.tuner.mode) }}
+{{- end }}
+{{- if not (has .Values.exporter.podsSource (list "apiserver" "kubelet" "none")) }}
+{{- fail (printf "exporter.podsSource %q: want apiserver, kubelet or none" .Values.exporter.podsSource) }}
+{{- end }}
+{{- if and .Values.tuner.enabled (eq .Values.tuner.mode "plugin") (not .Values.plugin.enabled) }}
+{{- fail "tuner.mode=plugin needs plugin.enabled=true: nothing else reads the config the tuner writes in that mode" }}
+{{- end }}
+{{- end }}
