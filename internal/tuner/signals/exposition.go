@@ -1,0 +1,202 @@
+package signals
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
+
+// The exporter's metrics the tuner reads (DESIGN.md, "Exporter contract").
+const (
+	MetricMemoryTotal       = "gpuslice_gpu_memory_total_bytes"
+	MetricMemoryUsed        = "gpuslice_gpu_memory_used_bytes"
+	MetricContainerMemory   = "gpuslice_container_gpu_memory_used_bytes"
+	MetricReplicas          = "gpuslice_gpu_replicas"
+	MetricReplicasAllocated = "gpuslice_gpu_replicas_allocated"
+	MetricOOMEvents         = "gpuslice_gpu_oom_events_total"
+)
+
+// ErrExposition wraps errors about a scraped metrics document.
+var ErrExposition = errors.New("bad exporter metrics")
+
+// GPUReading is what one scrape says about one GPU.
+type GPUReading struct {
+	MemoryTotalBytes uint64
+	MemoryUsedBytes  uint64
+	// Containers maps ContainerKey to the container's memory on this GPU.
+	Containers map[string]uint64
+	// Replicas are summed over resources: a GPU's replica IDs, whatever
+	// resource name they are advertised under.
+	ReplicasAdvertised int
+	ReplicasAllocated  int
+	// OOMCounters maps an OOM counter series (container and source) to its
+	// value.
+	OOMCounters map[string]float64
+}
+
+// Reading is one scrape of one exporter: its GPUs by UUID. A GPU is in it
+// when its total memory is (a GPU whose NVML reads failed has no series).
+type Reading map[string]*GPUReading
+
+// ParseExposition reads an exporter's /metrics in the Prometheus text format.
+func ParseExposition(r io.Reader) (Reading, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrExposition, err)
+	}
+	out := Reading{}
+	each := func(name string, f func(l map[string]string, v float64)) {
+		fam := fams[name]
+		if fam == nil {
+			return
+		}
+		for _, m := range fam.GetMetric() {
+			f(labelMap(m), value(m))
+		}
+	}
+	each(MetricMemoryTotal, func(l map[string]string, v float64) {
+		if u := l["uuid"]; u != "" {
+			out[u] = &GPUReading{MemoryTotalBytes: toBytes(v), Containers: map[string]uint64{}, OOMCounters: map[string]float64{}}
+		}
+	})
+	gpu := func(l map[string]string) *GPUReading { return out[l["uuid"]] }
+	each(MetricMemoryUsed, func(l map[string]string, v float64) {
+		if g := gpu(l); g != nil {
+			g.MemoryUsedBytes = toBytes(v)
+		}
+	})
+	each(MetricContainerMemory, func(l map[string]string, v float64) {
+		if g := gpu(l); g != nil {
+			g.Containers[ContainerKey(l["namespace"], l["pod"], l["container"])] += toBytes(v)
+		}
+	})
+	each(MetricReplicas, func(l map[string]string, v float64) {
+		if g := gpu(l); g != nil {
+			g.ReplicasAdvertised += int(math.Round(v))
+		}
+	})
+	each(MetricReplicasAllocated, func(l map[string]string, v float64) {
+		if g := gpu(l); g != nil {
+			g.ReplicasAllocated += int(math.Round(v))
+		}
+	})
+	each(MetricOOMEvents, func(l map[string]string, v float64) {
+		// A GPU missing from this scrape (a failed NVML read) skips its
+		// counters; the tracker remembers their last values, so the next
+		// reading with the GPU counts what happened in between.
+		g := gpu(l)
+		if g == nil {
+			return
+		}
+		g.OOMCounters[oomSeries(l["namespace"], l["pod"], l["container"], l["source"])] = v
+	})
+	return out, nil
+}
+
+func oomSeries(namespace, pod, container, source string) string {
+	return ContainerKey(namespace, pod, container) + "/" + source
+}
+
+func labelMap(m *dto.Metric) map[string]string {
+	l := make(map[string]string, len(m.GetLabel()))
+	for _, p := range m.GetLabel() {
+		l[p.GetName()] = p.GetValue()
+	}
+	return l
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Untyped != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return math.NaN()
+}
+
+func toBytes(v float64) uint64 {
+	if math.IsNaN(v) || v <= 0 {
+		return 0
+	}
+	if v >= math.MaxUint64 {
+		return math.MaxUint64
+	}
+	return uint64(v)
+}
+
+// oomTracker turns OOM counters into events since the previous look at one
+// target (see the package doc for the rules).
+type oomTracker struct {
+	seeded bool
+	last   map[string]counterState // uuid + series → last value
+}
+
+type counterState struct {
+	v    float64
+	seen time.Time
+}
+
+// forgetCounter is how long a counter nobody reports is remembered; a
+// container whose counter comes back after that counts it again, which is
+// far beyond the policy's window anyway.
+const forgetCounter = 2 * time.Hour
+
+func newOOMTracker() *oomTracker { return &oomTracker{last: map[string]counterState{}} }
+
+// events returns the OOM events per GPU UUID since the previous call.
+func (t *oomTracker) events(r Reading, now time.Time) map[string]int {
+	out := map[string]int{}
+	for uuid, g := range r {
+		for series, v := range g.OOMCounters {
+			k := uuid + "\x00" + series
+			prev, ok := t.last[k]
+			var d float64
+			switch {
+			case !t.seeded:
+			case !ok || v < prev.v:
+				d = v
+			default:
+				d = v - prev.v
+			}
+			t.last[k] = counterState{v: v, seen: now}
+			out[uuid] += int(math.Round(d))
+		}
+	}
+	t.seeded = true
+	for k, c := range t.last {
+		if now.Sub(c.seen) > forgetCounter {
+			delete(t.last, k)
+		}
+	}
+	return out
+}
+
+// samples turns a reading into one sample per GPU at time at.
+func (t *oomTracker) samples(r Reading, at time.Time) map[string]policy.Sample {
+	ooms := t.events(r, at)
+	out := make(map[string]policy.Sample, len(r))
+	for uuid, g := range r {
+		out[uuid] = policy.Sample{
+			Time:               at,
+			MemoryTotalBytes:   g.MemoryTotalBytes,
+			MemoryUsedBytes:    g.MemoryUsedBytes,
+			ContainerPeaks:     g.Containers,
+			OOMEvents:          ooms[uuid],
+			ReplicasAdvertised: g.ReplicasAdvertised,
+			ReplicasAllocated:  g.ReplicasAllocated,
+		}
+	}
+	return out
+}

@@ -1,0 +1,194 @@
+package signals
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/api"
+	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	promconfig "github.com/prometheus/common/config"
+	"github.com/prometheus/common/model"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/config"
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
+
+// PrometheusOptions configures NewPrometheus.
+type PrometheusOptions struct {
+	Config config.Prometheus
+	// Step is the query resolution: policy.sampleInterval, which should be
+	// the exporters' scrape interval.
+	Step   time.Duration
+	Logger *slog.Logger
+}
+
+// Prometheus is the `prometheus` source: each Observe runs range queries
+// over the window, at one point per Step.
+type Prometheus struct {
+	o   PrometheusOptions
+	api v1.API
+	log *slog.Logger
+}
+
+// NewPrometheus builds the source.
+func NewPrometheus(o PrometheusOptions) (*Prometheus, error) {
+	if o.Step <= 0 {
+		return nil, fmt.Errorf("signals: step must be > 0, got %s", o.Step)
+	}
+	rt, err := promconfig.NewRoundTripperFromConfig(o.Config.HTTPClient, "gpuslice-tuner")
+	if err != nil {
+		return nil, fmt.Errorf("signals.prometheus.httpClient: %w", err)
+	}
+	c, err := api.NewClient(api.Config{Address: o.Config.URL, RoundTripper: rt})
+	if err != nil {
+		return nil, fmt.Errorf("signals.prometheus.url: %w", err)
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Prometheus{o: o, api: v1.NewAPI(c), log: log}, nil
+}
+
+// Queries returns the PromQL the source runs, by what it reads. Every
+// aggregation keeps node and uuid (and the container) and takes the max, so
+// two scrapes of one exporter (two Prometheus jobs) are not counted twice.
+func (p *Prometheus) Queries() map[string]string {
+	n := p.o.Config.NodeLabel
+	sel := "{" + n + `!=""`
+	if p.o.Config.Selector != "" {
+		sel += ", " + p.o.Config.Selector
+	}
+	sel += "}"
+	// Twice the step: a scrape that lands just outside one step's range
+	// still counts, and a peak seen by two steps is still one peak.
+	rng := model.Duration(2 * p.o.Step).String()
+	by := func(extra string) string { return "max by (" + n + ", uuid" + extra + ") " }
+	return map[string]string{
+		"total":      by("") + "(" + MetricMemoryTotal + sel + ")",
+		"used":       by("") + "(" + MetricMemoryUsed + sel + ")",
+		"containers": by(", namespace, pod, container") + "(max_over_time(" + MetricContainerMemory + sel + "[" + rng + "]))",
+		"advertised": "sum by (" + n + ", uuid) (" + by(", resource") + "(" + MetricReplicas + sel + "))",
+		"allocated":  "sum by (" + n + ", uuid) (" + by(", resource") + "(" + MetricReplicasAllocated + sel + "))",
+		"oom":        by(", namespace, pod, container, source") + "(" + MetricOOMEvents + sel + ")",
+	}
+}
+
+type gpuKey struct{ node, uuid string }
+
+// Observe implements Source. The queries start one step before the window:
+// that step is the OOM counters' baseline.
+func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Duration) (map[string][]policy.GPUObservation, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.o.Config.Timeout)
+	defer cancel()
+	step := p.o.Step
+	r := v1.Range{Start: now.Add(-window - step), End: now, Step: step}
+	res := map[string]model.Matrix{}
+	for name, q := range p.Queries() {
+		v, warnings, err := p.api.QueryRange(ctx, q, r)
+		if err != nil {
+			return nil, fmt.Errorf("prometheus query %s: %w", q, err)
+		}
+		if len(warnings) > 0 {
+			p.log.Debug("prometheus query warnings", "query", q, "warnings", warnings)
+		}
+		m, ok := v.(model.Matrix)
+		if !ok {
+			return nil, fmt.Errorf("prometheus query %s: got %s, want a matrix", q, v.Type())
+		}
+		res[name] = m
+	}
+	nl := model.LabelName(p.o.Config.NodeLabel)
+	key := func(m model.Metric) gpuKey { return gpuKey{string(m[nl]), string(m["uuid"])} }
+
+	samples := map[gpuKey]map[model.Time]*policy.Sample{}
+	nodeFirst := map[string]model.Time{}
+	for _, s := range res["total"] {
+		k := key(s.Metric)
+		byT := map[model.Time]*policy.Sample{}
+		samples[k] = byT
+		for _, pt := range s.Values {
+			byT[pt.Timestamp] = &policy.Sample{Time: pt.Timestamp.Time(), MemoryTotalBytes: toBytes(float64(pt.Value)), ContainerPeaks: map[string]uint64{}}
+			if f, ok := nodeFirst[k.node]; !ok || pt.Timestamp < f {
+				nodeFirst[k.node] = pt.Timestamp
+			}
+		}
+	}
+	each := func(name string, f func(s *policy.Sample, m model.Metric, v float64)) {
+		for _, s := range res[name] {
+			byT := samples[key(s.Metric)]
+			for _, pt := range s.Values {
+				if smp := byT[pt.Timestamp]; smp != nil {
+					f(smp, s.Metric, float64(pt.Value))
+				}
+			}
+		}
+	}
+	each("used", func(s *policy.Sample, _ model.Metric, v float64) { s.MemoryUsedBytes = toBytes(v) })
+	each("containers", func(s *policy.Sample, m model.Metric, v float64) {
+		s.ContainerPeaks[ContainerKey(string(m["namespace"]), string(m["pod"]), string(m["container"]))] = toBytes(v)
+	})
+	each("advertised", func(s *policy.Sample, _ model.Metric, v float64) { s.ReplicasAdvertised = int(math.Round(v)) })
+	each("allocated", func(s *policy.Sample, _ model.Metric, v float64) { s.ReplicasAllocated = int(math.Round(v)) })
+
+	out := map[string][]policy.GPUObservation{}
+	sorted := map[gpuKey][]*policy.Sample{}
+	for k, byT := range samples {
+		ss := make([]*policy.Sample, 0, len(byT))
+		for _, s := range byT {
+			ss = append(ss, s)
+		}
+		sort.Slice(ss, func(i, j int) bool { return ss[i].Time.Before(ss[j].Time) })
+		sorted[k] = ss
+	}
+	for _, s := range res["oom"] {
+		k := key(s.Metric)
+		ss := sorted[k]
+		first, ok := nodeFirst[k.node]
+		if !ok || len(ss) == 0 {
+			continue
+		}
+		for i, pt := range s.Values {
+			v := float64(pt.Value)
+			var d float64
+			switch {
+			case i == 0 && pt.Timestamp <= first:
+				// The node's first step: a baseline.
+			case i == 0 || v < float64(s.Values[i-1].Value):
+				d = v // a new series, or a reset
+			default:
+				d = v - float64(s.Values[i-1].Value)
+			}
+			if d <= 0 {
+				continue
+			}
+			// To the GPU's first sample at or after the step.
+			t := pt.Timestamp.Time()
+			j := sort.Search(len(ss), func(j int) bool { return !ss[j].Time.Before(t) })
+			if j < len(ss) {
+				ss[j].OOMEvents += int(math.Round(d))
+			}
+		}
+	}
+	from := now.Add(-window)
+	for k, ss := range sorted {
+		var obs policy.GPUObservation
+		obs.UUID = k.uuid
+		for _, s := range ss {
+			if !s.Time.Before(from) {
+				obs.Samples = append(obs.Samples, *s)
+			}
+		}
+		if len(obs.Samples) > 0 {
+			out[k.node] = append(out[k.node], obs)
+		}
+	}
+	for _, obs := range out {
+		sortGPUs(obs)
+	}
+	return out, nil
+}

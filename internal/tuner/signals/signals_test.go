@@ -1,0 +1,143 @@
+package signals
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
+
+const exposition = `# HELP gpuslice_gpu_memory_total_bytes Total memory of the GPU.
+# TYPE gpuslice_gpu_memory_total_bytes gauge
+gpuslice_gpu_memory_total_bytes{gpu="0",uuid="GPU-a"} 5.152702464e+10
+gpuslice_gpu_memory_total_bytes{gpu="1",uuid="GPU-b"} 1.6e+10
+# TYPE gpuslice_gpu_memory_used_bytes gauge
+gpuslice_gpu_memory_used_bytes{gpu="0",uuid="GPU-a"} 1.2e+10
+gpuslice_gpu_memory_used_bytes{gpu="1",uuid="GPU-b"} 0
+gpuslice_gpu_memory_used_bytes{gpu="2",uuid="GPU-failed"} 7
+# TYPE gpuslice_container_gpu_memory_used_bytes gauge
+gpuslice_container_gpu_memory_used_bytes{container="main",gpu="0",namespace="ml",pod="yolo",uuid="GPU-a"} 4e+09
+gpuslice_container_gpu_memory_used_bytes{container="enc",gpu="0",namespace="media",pod="ffmpeg",uuid="GPU-a"} 5e+08
+# TYPE gpuslice_gpu_replicas gauge
+gpuslice_gpu_replicas{gpu="0",resource="nvidia.com/gpu",uuid="GPU-a"} 4
+gpuslice_gpu_replicas{gpu="0",resource="nvidia.com/gpu.shared",uuid="GPU-a"} 2
+gpuslice_gpu_replicas{gpu="1",resource="nvidia.com/gpu",uuid="GPU-b"} 1
+# TYPE gpuslice_gpu_replicas_allocated gauge
+gpuslice_gpu_replicas_allocated{gpu="0",resource="nvidia.com/gpu",uuid="GPU-a"} 3
+# TYPE gpuslice_gpu_oom_events_total counter
+gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="log",uuid="GPU-a"} 2
+gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="termination",uuid="GPU-a"} 1
+# TYPE go_goroutines gauge
+go_goroutines 12
+`
+
+func TestParseExposition(t *testing.T) {
+	got, err := ParseExposition(strings.NewReader(exposition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Reading{
+		"GPU-a": {
+			MemoryTotalBytes: 51527024640, MemoryUsedBytes: 12e9,
+			Containers:         map[string]uint64{"ml/yolo/main": 4e9, "media/ffmpeg/enc": 5e8},
+			ReplicasAdvertised: 6, ReplicasAllocated: 3,
+			OOMCounters: map[string]float64{"ml/yolo/main/log": 2, "ml/yolo/main/termination": 1},
+		},
+		"GPU-b": {MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("reading (-want +got):\n%s", d)
+	}
+
+	if _, err := ParseExposition(strings.NewReader("gpuslice_gpu_memory_total_bytes{uuid=\"x\" 1\n")); err == nil {
+		t.Error("a broken exposition parsed")
+	}
+}
+
+func TestOOMTracker(t *testing.T) {
+	reading := func(counters map[string]float64) Reading {
+		return Reading{"GPU-a": {OOMCounters: counters}}
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []map[string]float64
+		want  []int
+	}{
+		{"first look is a baseline", []map[string]float64{{"c/log": 3}, {"c/log": 3}}, []int{0, 0}},
+		{"increase", []map[string]float64{{"c/log": 3}, {"c/log": 5}, {"c/log": 5}}, []int{0, 2, 0}},
+		{"a series appearing later counts whole", []map[string]float64{{}, {"c/log": 1}, {"c/log": 1, "d/log": 2}}, []int{0, 1, 2}},
+		{"reset counts the new value", []map[string]float64{{"c/log": 4}, {"c/log": 1}}, []int{0, 1}},
+		{"a series absent for a while keeps its value", []map[string]float64{{"c/log": 4}, {}, {"c/log": 4}, {"c/log": 5}}, []int{0, 0, 0, 1}},
+		{"sources add up", []map[string]float64{{"c/log": 1, "c/termination": 1}, {"c/log": 2, "c/termination": 2}}, []int{0, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newOOMTracker()
+			t0 := time.Unix(1000, 0)
+			for i, step := range tc.steps {
+				got := tr.events(reading(step), t0.Add(time.Duration(i)*time.Second))["GPU-a"]
+				if got != tc.want[i] {
+					t.Errorf("step %d: %d events, want %d", i, got, tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestWindow(t *testing.T) {
+	t0 := time.Unix(10000, 0)
+	w := NewWindow(time.Minute)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	sample := func(s int, used uint64) policy.Sample { return policy.Sample{Time: at(s), MemoryUsedBytes: used} }
+	for s := 0; s <= 90; s += 10 {
+		w.Add("n1", map[string]policy.Sample{"GPU-a": sample(s, uint64(s)), "GPU-b": sample(s, 1)})
+	}
+	w.Add("n1", map[string]policy.Sample{"GPU-a": sample(85, 999)}) // out of order: dropped
+	w.Add("n2", map[string]policy.Sample{"GPU-c": sample(90, 5)})
+
+	obs, err := w.Observe(context.Background(), at(90), 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	times := func(ss []policy.Sample) []int {
+		var out []int
+		for _, s := range ss {
+			out = append(out, int(s.Time.Sub(t0)/time.Second))
+		}
+		return out
+	}
+	if len(obs["n1"]) != 2 || obs["n1"][0].UUID != "GPU-a" || obs["n1"][1].UUID != "GPU-b" {
+		t.Fatalf("n1 = %+v, want GPU-a then GPU-b", obs["n1"])
+	}
+	if got := times(obs["n1"][0].Samples); !cmp.Equal(got, []int{60, 70, 80, 90}) {
+		t.Errorf("GPU-a samples at %v, want 60..90", got)
+	}
+	if len(obs["n2"]) != 1 {
+		t.Errorf("n2 = %+v", obs["n2"])
+	}
+
+	// What Observe returned does not change under later Adds.
+	before := obs["n1"][0].Samples
+	w.Add("n1", map[string]policy.Sample{"GPU-a": sample(100, 7)})
+	if len(before) != 4 || cap(before) != 4 {
+		t.Errorf("observed slice len %d cap %d, want 4 and 4", len(before), cap(before))
+	}
+
+	// Keep is one minute: 40 and older fall out on the next Add.
+	obs, _ = w.Observe(context.Background(), at(100), time.Hour)
+	if got := times(obs["n1"][0].Samples); got[0] != 40 {
+		t.Errorf("GPU-a kept from %ds, want 40s", got[0])
+	}
+	// Prune forgets nodes without recent samples.
+	w.Prune(at(155))
+	obs, _ = w.Observe(context.Background(), at(155), time.Hour)
+	if _, ok := obs["n2"]; ok {
+		t.Error("n2 survived a prune past its last sample")
+	}
+	if got := times(obs["n1"][0].Samples); !cmp.Equal(got, []int{100}) {
+		t.Errorf("after prune GPU-a has %v, want [100]", got)
+	}
+}

@@ -1,0 +1,353 @@
+package signals
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/internal/testenv"
+	"github.com/gpuslice/gpuslice/internal/tuner/config"
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+	"github.com/gpuslice/gpuslice/test/simnode"
+)
+
+const gib = simnode.GiB
+
+// prometheusBinary is Debian's prometheus package; $PROMETHEUS overrides it.
+func prometheusBinary(t *testing.T) string {
+	if p := os.Getenv("PROMETHEUS"); p != "" {
+		return p
+	}
+	p, err := exec.LookPath("prometheus")
+	if err != nil {
+		t.Fatalf("prometheus not found (apt-get install prometheus, or set $PROMETHEUS): %v", err)
+	}
+	return p
+}
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// exporterBinary builds the real gpuslice-exporter once per test run.
+func exporterBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if buildDir, buildErr = os.MkdirTemp("", "gpuslice-tuner-signals-"); buildErr != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, "gpuslice-exporter"), "github.com/gpuslice/gpuslice/cmd/exporter")
+		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("building gpuslice-exporter: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(buildDir, "gpuslice-exporter")
+}
+
+// startProcess runs a program until the test ends; its output, kept in a
+// file, is logged if the test fails.
+func startProcess(t *testing.T, bin string, args ...string) {
+	t.Helper()
+	out, err := os.Create(filepath.Join(t.TempDir(), "output"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = cmd.Wait()
+		out.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("%s output:\n%s", filepath.Base(bin), b)
+		}
+	})
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// poll calls cond until it returns "" or the deadline passes.
+func poll(t *testing.T, timeout time.Duration, cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		msg := cond()
+		if msg == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", timeout, msg)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// simulated is a simulated node with a real exporter on it.
+type simulated struct {
+	node *simnode.Node
+	port int
+}
+
+func startSimulated(t *testing.T, ctx context.Context, n *simnode.Node) simulated {
+	t.Helper()
+	if err := n.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	startProcess(t, exporterBinary(t),
+		"--web.listen-address=127.0.0.1:"+strconv.Itoa(port),
+		"--gpu.backend=sim", "--sim.file="+n.SimFile(),
+		"--path.procfs="+n.Procfs(), "--path.pod-logs="+n.PodLogs(),
+		"--kubelet.pod-resources-socket="+n.PodResourcesSocket(),
+		"--pods.source=kubelet", "--kubelet.url="+n.KubeletURL(), "--kubelet.token-file=", "--kubelet.pods-interval=200ms",
+		"--node-name="+n.Name, "--log.level=warn",
+	)
+	return simulated{node: n, port: port}
+}
+
+// latest returns the newest sample of each GPU of a node.
+func latest(obs map[string][]policy.GPUObservation, node string) map[string]policy.Sample {
+	out := map[string]policy.Sample{}
+	for _, g := range obs[node] {
+		out[g.UUID] = g.Samples[len(g.Samples)-1]
+	}
+	return out
+}
+
+// oomsIn counts a GPU's OOM events in the window, and its samples after
+// since.
+func oomsIn(obs map[string][]policy.GPUObservation, node, uuid string, since time.Time) (events, after int, last time.Time) {
+	for _, g := range obs[node] {
+		if g.UUID != uuid {
+			continue
+		}
+		for _, s := range g.Samples {
+			events += s.OOMEvents
+			if s.Time.After(since) {
+				after++
+			}
+			last = s.Time
+		}
+	}
+	return events, after, last
+}
+
+// TestSourcesOnSimulatedNodes reads two simulated nodes through real
+// gpuslice-exporter processes: directly, with the exporter pods discovered
+// in a real API server, and through a real Prometheus scraping the same
+// exporters. Both sources must see the same memory, containers, replicas and
+// exactly one OOM event for one OOM.
+func TestSourcesOnSimulatedNodes(t *testing.T) {
+	env := testenv.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	a0 := simnode.GPUUUID("gpu-a", 0)
+	b0, b1 := simnode.GPUUUID("gpu-b", 0), simnode.GPUUUID("gpu-b", 1)
+	na, err := simnode.New("gpu-a", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	yolo := &simnode.Container{Name: "main", Replicas: map[string][]int{a0: {0}},
+		Processes: []simnode.Process{{PID: 101, GPU: a0, MemoryBytes: 6 * gib, SM: 0.3}}}
+	na.GPUs = []*simnode.GPU{{UUID: a0, MemoryBytes: simnode.A6000Bytes, Replicas: 4}}
+	na.Pods = []*simnode.Pod{
+		{Namespace: "ml", Name: "yolo", Containers: []*simnode.Container{yolo}},
+		{Namespace: "media", Name: "ffmpeg", Containers: []*simnode.Container{{Name: "enc", Replicas: map[string][]int{a0: {1}},
+			Processes: []simnode.Process{{PID: 102, GPU: a0, MemoryBytes: gib / 2, SM: 0.1}}}}},
+	}
+	nb, err := simnode.New("gpu-b", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nb.GPUs = []*simnode.GPU{{UUID: b0, MemoryBytes: 24 * gib, Replicas: 2}, {UUID: b1, MemoryBytes: 24 * gib, Replicas: 2}}
+	nb.Pods = []*simnode.Pod{{Namespace: "ml", Name: "rife", Containers: []*simnode.Container{{Name: "main",
+		Replicas: map[string][]int{b1: {0, 1}}, Processes: []simnode.Process{{PID: 201, GPU: b1, MemoryBytes: 8 * gib}}}}}}
+	sa, sb := startSimulated(t, ctx, na), startSimulated(t, ctx, nb)
+
+	// Exporter pods as the DaemonSet would make them, one not running yet.
+	cfg := config.Default().Signals.Exporters
+	env.CreateNamespace(t, cfg.Namespace)
+	for _, p := range []struct {
+		name, node string
+		port       int
+		phase      corev1.PodPhase
+	}{{"exporter-a", "gpu-a", sa.port, corev1.PodRunning}, {"exporter-b", "gpu-b", sb.port, corev1.PodRunning}, {"exporter-c", "gpu-c", 1, corev1.PodPending}} {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: cfg.Namespace, Labels: map[string]string{"app.kubernetes.io/name": "gpuslice-exporter"}},
+			Spec: corev1.PodSpec{NodeName: p.node, Containers: []corev1.Container{{Name: "exporter", Image: "gpuslice-exporter",
+				Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: int32(p.port)}}}}},
+		}
+		created, err := env.Client.CoreV1().Pods(cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		created.Status = corev1.PodStatus{Phase: p.phase, PodIP: "127.0.0.1"}
+		if _, err := env.Client.CoreV1().Pods(cfg.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exp, err := NewExporters(ExportersOptions{Config: cfg, Client: env.Client, Interval: 200 * time.Millisecond, Keep: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if err := exp.Run(ctx); err != nil {
+			t.Errorf("exporters source: %v", err)
+		}
+	}()
+
+	promPort := freePort(t)
+	dir := t.TempDir()
+	promCfg := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
+scrape_configs:
+  - job_name: gpuslice-exporter
+    static_configs:
+      - {targets: ["127.0.0.1:%d"], labels: {node: gpu-a}}
+      - {targets: ["127.0.0.1:%d"], labels: {node: gpu-b}}
+`, sa.port, sb.port)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(promCfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startProcess(t, prometheusBinary(t), "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address=127.0.0.1:"+strconv.Itoa(promPort), "--log.level=warn")
+	pc := config.Default().Signals.Prometheus
+	pc.URL = "http://127.0.0.1:" + strconv.Itoa(promPort)
+	pc.Selector = `job="gpuslice-exporter"`
+	prom, err := NewPrometheus(PrometheusOptions{Config: pc, Step: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	sources := []struct {
+		name   string
+		src    Source
+		window time.Duration
+	}{{"exporters", exp, 30 * time.Second}, {"prometheus", prom, 30 * time.Second}}
+
+	t.Run("discovery", func(t *testing.T) {
+		want := map[string]string{
+			"gpu-a": fmt.Sprintf("http://127.0.0.1:%d/metrics", sa.port),
+			"gpu-b": fmt.Sprintf("http://127.0.0.1:%d/metrics", sb.port),
+		}
+		poll(t, 10*time.Second, func() string {
+			targets, err := exp.Targets()
+			if err != nil {
+				return err.Error()
+			}
+			got := map[string]string{}
+			for _, tg := range targets {
+				got[tg.Node] = tg.URL
+			}
+			if len(got) != 2 || got["gpu-a"] != want["gpu-a"] || got["gpu-b"] != want["gpu-b"] {
+				return fmt.Sprintf("targets %v, want %v (the pending pod left out)", got, want)
+			}
+			return ""
+		})
+	})
+
+	for _, s := range sources {
+		t.Run(s.name+"/readings", func(t *testing.T) {
+			poll(t, 30*time.Second, func() string {
+				obs, err := s.src.Observe(ctx, time.Now(), s.window)
+				if err != nil {
+					return err.Error()
+				}
+				a, b := latest(obs, "gpu-a"), latest(obs, "gpu-b")
+				ga := a[a0]
+				switch {
+				case len(a) != 1 || len(b) != 2:
+					return fmt.Sprintf("GPUs per node: gpu-a %d, gpu-b %d (%v)", len(a), len(b), obs)
+				case ga.MemoryTotalBytes != simnode.A6000Bytes || ga.MemoryUsedBytes != 6*gib+gib/2:
+					return fmt.Sprintf("gpu-a memory %d/%d", ga.MemoryUsedBytes, ga.MemoryTotalBytes)
+				case ga.ContainerPeaks["ml/yolo/main"] != 6*gib || ga.ContainerPeaks["media/ffmpeg/enc"] != gib/2:
+					return fmt.Sprintf("gpu-a containers %v", ga.ContainerPeaks)
+				case ga.ReplicasAdvertised != 4 || ga.ReplicasAllocated != 2:
+					return fmt.Sprintf("gpu-a replicas %d advertised, %d allocated", ga.ReplicasAdvertised, ga.ReplicasAllocated)
+				case b[b1].ContainerPeaks["ml/rife/main"] != 8*gib || b[b1].ReplicasAllocated != 2 || b[b0].ReplicasAllocated != 0 || b[b0].ReplicasAdvertised != 2:
+					return fmt.Sprintf("gpu-b %+v", b)
+				}
+				return ""
+			})
+		})
+	}
+
+	// Both sources have seen gpu-a: an OOM from now on is an event.
+	if err := na.AppendLog(na.Pods[0], yolo, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sources {
+		t.Run(s.name+"/one OOM", func(t *testing.T) {
+			var seenAt time.Time
+			poll(t, 30*time.Second, func() string {
+				obs, err := s.src.Observe(ctx, time.Now(), s.window)
+				if err != nil {
+					return err.Error()
+				}
+				n, samples, last := oomsIn(obs, "gpu-a", a0, time.Time{})
+				if n != 1 {
+					return fmt.Sprintf("%d OOM events in %d samples, want 1", n, samples)
+				}
+				if e, _, _ := oomsIn(obs, "gpu-b", b1, time.Time{}); e != 0 {
+					return fmt.Sprintf("%d OOM events on gpu-b", e)
+				}
+				seenAt = last
+				return ""
+			})
+			// Later samples do not count it again.
+			poll(t, 30*time.Second, func() string {
+				obs, err := s.src.Observe(ctx, time.Now(), s.window)
+				if err != nil {
+					return err.Error()
+				}
+				n, after, _ := oomsIn(obs, "gpu-a", a0, seenAt)
+				if n != 1 {
+					t.Fatalf("%d OOM events %d samples later, want still 1", n, after)
+				}
+				if after < 3 {
+					return fmt.Sprintf("%d samples since, waiting for 3", after)
+				}
+				return ""
+			})
+		})
+	}
+}
