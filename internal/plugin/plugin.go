@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -82,10 +83,13 @@ type Plugin struct {
 	recent   map[held]time.Time
 	plan     plan
 	warned   map[string]bool
-	servers  map[string]*resourceServer
-	runCtx   context.Context
-	wg       sync.WaitGroup
-	changed  chan struct{} // closed and replaced on every recompute, for tests
+	// heldFailing is set while the PodResources API does not answer, so
+	// that an outage is logged once.
+	heldFailing atomic.Bool
+	servers     map[string]*resourceServer
+	runCtx      context.Context
+	wg          sync.WaitGroup
+	changed     chan struct{} // closed and replaced on every recompute, for tests
 }
 
 // New checks the options and builds a Plugin; Run starts it.
@@ -260,8 +264,13 @@ func (p *Plugin) listHeld() (ids []held, started time.Time, err error) {
 	defer cancel()
 	allocs, err := p.o.PodResources.List(ctx)
 	if err != nil {
-		p.log.Warn("cannot read the IDs in use from the kubelet; using the last known ones", "err", err)
+		if !p.heldFailing.Swap(true) {
+			p.log.Warn("cannot read the IDs in use from the kubelet; using the last known ones", "err", err)
+		}
 		return nil, started, err
+	}
+	if p.heldFailing.Swap(false) {
+		p.log.Info("reading the IDs in use from the kubelet again")
 	}
 	for _, a := range allocs {
 		if !strings.HasPrefix(a.Resource, "nvidia.com/") {
@@ -315,6 +324,7 @@ func (p *Plugin) heldLoop(ctx context.Context) {
 func (p *Plugin) healthLoop(ctx context.Context) {
 	t := time.NewTicker(p.o.HealthInterval)
 	defer t.Stop()
+	warnedRead := false
 	for {
 		rctx, cancel := context.WithTimeout(ctx, max(p.o.HealthInterval, 5*time.Second))
 		snap, err := p.o.Backend.Snapshot(rctx)
@@ -324,8 +334,9 @@ func (p *Plugin) healthLoop(ctx context.Context) {
 		}
 		xids := p.o.Backend.Xids()
 		p.mu.Lock()
-		if err != nil && !p.readOnce {
-			p.log.Warn("cannot read GPUs yet", "err", err)
+		if err != nil && !p.readOnce && !warnedRead {
+			warnedRead = true
+			p.log.Warn("cannot read GPUs yet; nothing is advertised until they answer", "err", err)
 		}
 		changed := p.health.observe(p.o.Now(), snap, err, xids)
 		if err == nil && !p.readOnce {
