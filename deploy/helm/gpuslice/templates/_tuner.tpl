@@ -1,25 +1,70 @@
 {{/*
-tuner.yaml: what the chart knows (mode, the objects its RBAC names, the lease,
-the metrics address, where the exporters are) under the user's
-tuner.config, which wins key by key.
+tuner.yaml (schema: internal/tuner/config, example: deploy/examples/tuner.yaml).
+The chart fills in what it knows - the apply mode and the objects its RBAC
+names, the Lease, where the exporter pods are - and tuner.config is merged
+over that, key by key, for everything else (policy, apply.nodeSelector,
+signals.source: prometheus, ...). The tuner rejects unknown keys.
 */}}
 {{- define "gpuslice.tunerConfig" -}}
-{{- $base := dict
+{{- $dpNamespace := include "gpuslice.dpNamespace" . }}
+{{- $apply := dict
   "mode" .Values.tuner.mode
-  "listenAddress" (printf ":%v" .Values.tuner.port)
-  "devicePlugin" (dict
-    "namespace" (include "gpuslice.dpNamespace" .)
-    "configMap" (include "gpuslice.dpConfigMap" .)
-    "configKey" .Values.tuner.devicePlugin.configKey
-    "daemonSet" .Values.tuner.devicePlugin.daemonSet)
+  "configMap" (dict "namespace" $dpNamespace "name" (include "gpuslice.dpConfigMap" .))
+  "key" (include "gpuslice.dpConfigKey" .)
+}}
+{{- if eq .Values.tuner.mode "restart" }}
+{{- $_ := set $apply "daemonSet" (dict "namespace" $dpNamespace "name" .Values.tuner.devicePlugin.daemonSet) }}
+{{- end }}
+{{- $base := dict
   "leaderElection" (dict
     "enabled" true
     "namespace" .Release.Namespace
-    "leaseName" (include "gpuslice.leaseName" .))
-  "exporters" (dict
-    "namespace" .Release.Namespace
-    "service" (printf "%s-exporter" (include "gpuslice.fullname" .))
-    "port" .Values.exporter.port)
+    "name" (include "gpuslice.leaseName" .))
+  "signals" (dict
+    "source" "exporters"
+    "exporters" (dict
+      "namespace" .Release.Namespace
+      "labelSelector" (include "gpuslice.selectorLabels" (dict "ctx" $ "component" "exporter") | fromYaml | include "gpuslice.selectorString")
+      "portName" "metrics"
+      "port" .Values.exporter.port))
+  "apply" $apply
 }}
 {{- toYaml (mergeOverwrite $base (deepCopy .Values.tuner.config)) }}
+{{- end }}
+
+{{/*
+A label map as a label selector string: a=b,c=d (sorted keys).
+*/}}
+{{- define "gpuslice.selectorString" -}}
+{{- $pairs := list }}
+{{- range $k, $v := . }}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
+{{/*
+The signal source the tuner will use, after tuner.config.
+*/}}
+{{- define "gpuslice.tunerSource" -}}
+{{- $signals := .Values.tuner.config.signals | default dict }}
+{{- $signals.source | default "exporters" }}
+{{- end }}
+
+{{/*
+apply.key: in restart mode the key NVIDIA's DaemonSet reads; in
+config-manager and plugin mode the config of unlabelled nodes, which the
+tuner derives its named configs from (gpuslice-plugin reads the same key,
+--config.default).
+*/}}
+{{- define "gpuslice.dpConfigKey" -}}
+{{- if .Values.tuner.devicePlugin.configKey }}
+{{- .Values.tuner.devicePlugin.configKey }}
+{{- else if eq .Values.tuner.mode "restart" }}
+{{- "config.yaml" }}
+{{- else if eq .Values.tuner.mode "plugin" }}
+{{- .Values.plugin.defaultConfigKey }}
+{{- else }}
+{{- "default" }}
+{{- end }}
 {{- end }}
