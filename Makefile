@@ -1,0 +1,50 @@
+# gpuslice — build, test and demo. `make help` lists the targets.
+SHELL := /usr/bin/env bash
+GO ?= go
+export CGO_CFLAGS ?= -Wno-deprecated-declarations
+# envtest and the e2e tests find kube-apiserver, etcd, kube-scheduler and
+# kube-controller-manager here (built once by hack/test-bins.sh).
+export KUBEBUILDER_ASSETS ?= $(CURDIR)/.cache/bin
+BIN := bin
+COMMANDS := exporter tuner plugin
+GOTEST_FLAGS ?= -count=1 -timeout 20m
+
+.PHONY: help build test unit bench demo lint fmt vet dashboards manifests test-bins e2e clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+build: ## build bin/gpuslice-{exporter,tuner,plugin}
+	@mkdir -p $(BIN)
+	@for c in $(COMMANDS); do $(GO) build -trimpath -o $(BIN)/gpuslice-$$c ./cmd/$$c || exit 1; done
+
+demo: build ## run the exporter on a simulated GPU node (no GPU, no cluster)
+	$(GO) run ./test/demo --exporter $(BIN)/gpuslice-exporter
+
+test-bins: ## build the real control-plane binaries the tests run (cached)
+	@bash hack/test-bins.sh >/dev/null
+
+test: test-bins ## the whole suite: unit, integration, alerts, dashboards, chart
+	$(GO) vet ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) test $(GOTEST_FLAGS) ./...
+
+unit: ## fast tests only (no control plane)
+	$(GO) test -count=1 -short ./internal/...
+
+bench: test-bins ## Go benchmarks (ns/op, B/op, allocs/op)
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./internal/... ./test/bench/...
+
+lint: fmt vet ## gofmt and go vet
+
+fmt:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+dashboards: ## regenerate dashboards/*.json from the Go code
+	$(GO) run ./dashboards/cmd/gendashboards
+
+clean:
+	rm -rf $(BIN)

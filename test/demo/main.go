@@ -1,0 +1,218 @@
+// Command demo runs gpuslice on a simulated GPU node: no GPU, no cluster.
+// It lays out the node (one RTX A6000 shared by four pods and a host
+// process), serves a fake kubelet (PodResources over a unix socket, /pods over
+// HTTP), starts the real gpuslice-exporter against it, makes one pod log a
+// CUDA out-of-memory error, and prints what the exporter reports and where to
+// look. `make demo` runs it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/gpuslice/gpuslice/test/simnode"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	bin := fs.String("exporter", "bin/gpuslice-exporter", "gpuslice-exporter binary")
+	listen := fs.String("listen", "127.0.0.1:9846", "exporter listen address")
+	dir := fs.String("dir", "", "where the simulated node's files go (default: a temporary directory)")
+	once := fs.Bool("once", false, "print the report and exit instead of running until interrupted")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	// The exporter and the fake kubelet stop when run returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if *dir == "" {
+		d, err := os.MkdirTemp("", "gpuslice-demo-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		*dir = d
+	}
+	node, err := simnode.Demo("gpu-node-1", *dir)
+	if err != nil {
+		return err
+	}
+	if err := node.Start(ctx); err != nil {
+		return err
+	}
+
+	exp := exec.CommandContext(ctx, *bin,
+		"--web.listen-address="+*listen,
+		"--gpu.backend=sim", "--sim.file="+node.SimFile(),
+		"--path.procfs="+node.Procfs(), "--path.pod-logs="+node.PodLogs(),
+		"--kubelet.pod-resources-socket="+node.PodResourcesSocket(),
+		"--pods.source=kubelet", "--kubelet.url="+node.KubeletURL(), "--kubelet.token-file=",
+		"--node-name=gpu-node-1", "--log.level=warn")
+	logPath := filepath.Join(*dir, "exporter.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	exp.Stdout, exp.Stderr = logf, logf
+	exp.Cancel = func() error { return exp.Process.Signal(os.Interrupt) }
+	exp.WaitDelay = 5 * time.Second
+	if err := exp.Start(); err != nil {
+		return fmt.Errorf("starting %s (run `make build` first): %w", *bin, err)
+	}
+	defer func() {
+		cancel()
+		_ = exp.Wait()
+	}()
+
+	url := "http://" + *listen + "/metrics"
+	// The first scrape places the OOM detector at the end of every log;
+	// then the Real-ESRGAN pod runs out of memory.
+	if _, err := waitScrape(ctx, url, func(m map[string]*dto.MetricFamily) bool {
+		return m["gpuslice_container_gpu_memory_used_bytes"] != nil
+	}); err != nil {
+		return fmt.Errorf("%w (exporter log: %s)", err, logPath)
+	}
+	p, err := node.Pod("media", "esrgan-upscale-0")
+	if err != nil {
+		return err
+	}
+	if err := node.AppendLog(p, p.Containers[0], "Traceback (most recent call last):", simnode.PyTorchOOM); err != nil {
+		return err
+	}
+	m, err := waitScrape(ctx, url, func(m map[string]*dto.MetricFamily) bool {
+		return m["gpuslice_gpu_oom_events_total"] != nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (exporter log: %s)", err, logPath)
+	}
+	report(out, m)
+	fmt.Fprintf(out, "\nThe exporter is at %s\n", url)
+	fmt.Fprintf(out, "  curl -s %s | grep ^gpuslice_container\n", url)
+	fmt.Fprintf(out, "Simulated node files: %s (edit sim.yaml: the exporter re-reads it at every scrape)\n", *dir)
+	if *once {
+		return nil
+	}
+	fmt.Fprintln(out, "Press Ctrl-C to stop.")
+	<-ctx.Done()
+	return nil
+}
+
+func waitScrape(ctx context.Context, url string, ok func(map[string]*dto.MetricFamily) bool) (map[string]*dto.MetricFamily, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		m, err := scrape(ctx, url)
+		if err == nil && ok(m) {
+			return m, nil
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if lastErr == nil {
+		lastErr = errors.New("expected series did not appear")
+	}
+	return nil, fmt.Errorf("scraping %s: %w", url, lastErr)
+}
+
+func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(resp.Body)
+}
+
+func labels(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, l := range m.GetLabel() {
+		out[l.GetName()] = l.GetValue()
+	}
+	return out
+}
+
+func report(w io.Writer, m map[string]*dto.MetricFamily) {
+	gib := func(v float64) string { return fmt.Sprintf("%.1f GiB", v/(1<<30)) }
+	for _, s := range m["gpuslice_gpu_memory_total_bytes"].GetMetric() {
+		l := labels(s)
+		used := 0.0
+		for _, u := range m["gpuslice_gpu_memory_used_bytes"].GetMetric() {
+			if labels(u)["uuid"] == l["uuid"] {
+				used = u.GetGauge().GetValue()
+			}
+		}
+		fmt.Fprintf(w, "GPU %s %s: %s of %s used\n", l["gpu"], l["uuid"], gib(used), gib(s.GetGauge().GetValue()))
+	}
+	type row struct{ ns, pod, ctr, mem, sm, slots, ooms string }
+	rows := map[string]*row{}
+	get := func(l map[string]string) *row {
+		k := l["namespace"] + "/" + l["pod"] + "/" + l["container"]
+		if rows[k] == nil {
+			rows[k] = &row{ns: l["namespace"], pod: l["pod"], ctr: l["container"], mem: "-", sm: "-", slots: "-", ooms: "0"}
+		}
+		return rows[k]
+	}
+	for _, s := range m["gpuslice_container_gpu_memory_used_bytes"].GetMetric() {
+		get(labels(s)).mem = gib(s.GetGauge().GetValue())
+	}
+	for _, s := range m["gpuslice_container_gpu_utilization_ratio"].GetMetric() {
+		get(labels(s)).sm = fmt.Sprintf("%.0f%%", 100*s.GetGauge().GetValue())
+	}
+	for _, s := range m["gpuslice_container_gpu_allocation"].GetMetric() {
+		get(labels(s)).slots = fmt.Sprintf("%g", s.GetGauge().GetValue())
+	}
+	for _, s := range m["gpuslice_gpu_oom_events_total"].GetMetric() {
+		get(labels(s)).ooms = fmt.Sprintf("%g", s.GetCounter().GetValue())
+	}
+	keys := make([]string, 0, len(rows))
+	for k := range rows {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tCONTAINER\tGPU MEMORY\tSM\tREPLICAS HELD\tGPU OOMS")
+	for _, k := range keys {
+		r := rows[k]
+		fmt.Fprintln(tw, strings.Join([]string{r.ns, r.pod, r.ctr, r.mem, r.sm, r.slots, r.ooms}, "\t"))
+	}
+	_ = tw.Flush()
+	for _, s := range m["gpuslice_unattributed_gpu_memory_used_bytes"].GetMetric() {
+		fmt.Fprintf(w, "Outside any pod on GPU %s: %s\n", labels(s)["gpu"], gib(s.GetGauge().GetValue()))
+	}
+}
