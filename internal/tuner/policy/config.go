@@ -57,7 +57,7 @@ type Config struct {
 	PressureThreshold float64 `yaml:"pressureThreshold"`
 }
 
-// DefaultConfig returns the defaults justified in README.md.
+// DefaultConfig returns the defaults justified in docs/tuner-policy.md.
 func DefaultConfig() Config {
 	return Config{
 		MinReplicas:       1,
