@@ -1,0 +1,45 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+)
+
+// TestDemoOnce runs the demo as `make demo` does, with --once, against the
+// real exporter binary, and checks the report a user sees.
+func TestDemoOnce(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "gpuslice-exporter")
+	build := exec.Command("go", "build", "-o", bin, "github.com/gpuslice/gpuslice/cmd/exporter")
+	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"--once", "--exporter", bin, "--listen", addr, "--dir", t.TempDir()}, &out); err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{
+		`GPU 0 GPU-[0-9a-f-]+: 18\.0 GiB of 48\.0 GiB used`,
+		`media\s+esrgan-upscale-0\s+esrgan\s+5\.0 GiB\s+15%\s+1\s+1\n`,
+		`media\s+rife-interp-0\s+rife\s+7\.0 GiB\s+31%\s+1\s+0\n`,
+		`vision\s+yolo-detector-7d9f8\s+detector\s+5\.0 GiB\s+22%\s+1\s+0\n`,
+		`Outside any pod on GPU 0: 0\.5 GiB`,
+		`The exporter is at http://` + regexp.QuoteMeta(addr) + `/metrics`,
+	} {
+		if !regexp.MustCompile(want).MatchString(out.String()) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
