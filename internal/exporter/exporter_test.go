@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpuslice/gpuslice/dashboards/metricnames"
 	"github.com/gpuslice/gpuslice/internal/gpu/sim"
 	"github.com/gpuslice/gpuslice/internal/oom"
 	"github.com/gpuslice/gpuslice/internal/podresources"
@@ -151,4 +152,37 @@ func diffLines(want, got string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestMetricNamesMatchContract: the exporter exports exactly the metric
+// names the dashboards and alerts are checked against.
+func TestMetricNamesMatchContract(t *testing.T) {
+	d := newDemo(t)
+	d.scrape(t)
+	p, _ := d.node.Pod("media", "esrgan-upscale-0")
+	if err := d.node.AppendLog(p, p.Containers[0], simnode.PyTorchOOM); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := d.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = true
+	}
+	want := map[string]bool{}
+	for _, n := range metricnames.Exporter {
+		want[n] = true
+	}
+	for n := range got {
+		if !want[n] {
+			t.Errorf("exporter exports %s, which dashboards/metricnames.Exporter does not list", n)
+		}
+	}
+	for n := range want {
+		if !got[n] {
+			t.Errorf("dashboards/metricnames.Exporter lists %s, which the demo node's scrape lacks", n)
+		}
+	}
 }
