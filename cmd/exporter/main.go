@@ -19,13 +19,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/gpuslice/gpuslice/internal/exporter"
 	"github.com/gpuslice/gpuslice/internal/flagenv"
 	"github.com/gpuslice/gpuslice/internal/gpu/backend"
+	"github.com/gpuslice/gpuslice/internal/kube"
 	"github.com/gpuslice/gpuslice/internal/logging"
 	"github.com/gpuslice/gpuslice/internal/oom"
 	"github.com/gpuslice/gpuslice/internal/podresources"
@@ -158,19 +156,9 @@ func run(ctx context.Context, args []string) error {
 func podSource(ctx context.Context, o *options, log *slog.Logger) (pods.Source, error) {
 	switch o.podsSource {
 	case "apiserver":
-		var cfg *rest.Config
-		var err error
-		if o.kubeconfig != "" {
-			cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-		} else {
-			cfg, err = rest.InClusterConfig()
-		}
+		_, client, err := kube.Client(o.kubeconfig, "gpuslice-exporter")
 		if err != nil {
 			return nil, fmt.Errorf("--pods.source=apiserver: %w", err)
-		}
-		client, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return nil, err
 		}
 		inf, err := pods.NewInformer(client, o.nodeName, 0)
 		if err != nil {

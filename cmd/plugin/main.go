@@ -16,13 +16,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/internal/flagenv"
 	"github.com/gpuslice/gpuslice/internal/gpu/backend"
+	"github.com/gpuslice/gpuslice/internal/kube"
 	"github.com/gpuslice/gpuslice/internal/logging"
 	"github.com/gpuslice/gpuslice/internal/plugin"
 	"github.com/gpuslice/gpuslice/internal/podresources"
@@ -162,19 +160,9 @@ func configSource(o *options) (plugin.Source, error) {
 		if o.nodeName == "" {
 			return nil, errors.New("--config.source=kubernetes needs --node-name (or NODE_NAME)")
 		}
-		var cfg *rest.Config
-		var err error
-		if o.kubeconfig != "" {
-			cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-		} else {
-			cfg, err = rest.InClusterConfig()
-		}
+		_, client, err := kube.Client(o.kubeconfig, "gpuslice-plugin")
 		if err != nil {
 			return nil, fmt.Errorf("--config.source=kubernetes: %w", err)
-		}
-		client, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			return nil, err
 		}
 		return &plugin.KubeSource{Client: client, Namespace: ns, Name: name, NodeName: o.nodeName, DefaultKey: o.defaultKey}, nil
 	default:
