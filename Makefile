@@ -21,8 +21,9 @@ build: ## build bin/gpuslice-{exporter,tuner,plugin}
 demo: build ## run the exporter on a simulated GPU node (no GPU, no cluster)
 	$(GO) run ./test/demo --exporter $(BIN)/gpuslice-exporter
 
-test-bins: ## build the real control-plane binaries the tests run (cached)
+test-bins: ## build the real control-plane binaries and helm the tests run (cached)
 	@bash hack/test-bins.sh >/dev/null
+	@bash hack/helm.sh >/dev/null
 
 test: test-bins ## the whole suite: unit, integration, alerts, dashboards, chart
 	$(GO) vet ./...
@@ -45,6 +46,9 @@ vet:
 
 dashboards: ## regenerate dashboards/*.json from the Go code
 	$(GO) run ./dashboards/cmd/gendashboards
+
+manifests: dashboards test-bins ## re-render deploy/manifests and the chart's copies of rules and dashboards
+	$(GO) test -count=1 ./deploy -run '^(TestChartCopies|TestManifests)$$' -update
 
 clean:
 	rm -rf $(BIN)
