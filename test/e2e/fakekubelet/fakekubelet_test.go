@@ -96,6 +96,12 @@ func TestKubeletRunsPods(t *testing.T) {
 	if !ready(node) {
 		t.Errorf("node conditions %+v, want Ready", node.Status.Conditions)
 	}
+	// The API server's TaintNodesByCondition admission taints a new Node
+	// not-ready; lifting it is kube-controller-manager's job (the e2e runs
+	// one), not the kubelet's.
+	if len(node.Spec.Taints) != 1 || node.Spec.Taints[0].Key != corev1.TaintNodeNotReady {
+		t.Errorf("taints %+v, want the API server's not-ready taint", node.Spec.Taints)
+	}
 	lease, err := env.Client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, "node-a", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
