@@ -1,9 +1,10 @@
 // Command demo runs gpuslice on a simulated GPU node: no GPU, no cluster.
 // It lays out the node (one RTX A6000 shared by four pods and a host
 // process), serves a fake kubelet (PodResources over a unix socket, /pods over
-// HTTP), starts the real gpuslice-exporter against it, makes one pod log a
-// CUDA out-of-memory error, and prints what the exporter reports and where to
-// look. `make demo` runs it.
+// HTTP), starts the real gpuslice-exporter against it, runs the tuner's signal
+// gathering and policy on the exporter's metrics (raising the replica count on
+// headroom, then lowering it when a pod logs a CUDA out-of-memory error), and
+// prints what the exporter reports and where to look. `make demo` runs it.
 package main
 
 import (
@@ -27,6 +28,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 	"github.com/gpuslice/gpuslice/test/simnode"
 )
 
@@ -73,7 +75,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		"--path.procfs="+node.Procfs(), "--path.pod-logs="+node.PodLogs(),
 		"--kubelet.pod-resources-socket="+node.PodResourcesSocket(),
 		"--pods.source=kubelet", "--kubelet.url="+node.KubeletURL(), "--kubelet.token-file=",
-		"--node-name=gpu-node-1", "--log.level=warn")
+		"--kubelet.pods-interval=1s", "--node-name=gpu-node-1", "--log.level=warn")
 	logPath := filepath.Join(*dir, "exporter.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -92,13 +94,36 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}()
 
 	url := "http://" + *listen + "/metrics"
-	// The first scrape places the OOM detector at the end of every log;
-	// then the Real-ESRGAN pod runs out of memory.
 	if _, err := waitScrape(ctx, url, func(m map[string]*dto.MetricFamily) bool {
 		return m["gpuslice_container_gpu_memory_used_bytes"] != nil
 	}); err != nil {
 		return fmt.Errorf("%w (exporter log: %s)", err, logPath)
 	}
+	fmt.Fprintf(out, "gpuslice-exporter is up at %s on a simulated RTX A6000 shared 4 ways.\n", url)
+
+	// The tuner watches the node; every replica is taken and 30 GiB are
+	// free, so after one window of headroom it raises the count.
+	loop, err := newTunerLoop(node, url, out)
+	if err != nil {
+		return err
+	}
+	go func() { _ = loop.src.Run(ctx) }()
+	fmt.Fprintf(out, "gpuslice-tuner watches it (window %s, cooldown %s: the defaults are 10m and 15m).\n", loop.cfg.Window, loop.cfg.Cooldown)
+	if _, err := loop.until(ctx, 40*time.Second, func(d policy.Decision) bool { return d.Direction == "up" }); err != nil {
+		return err
+	}
+
+	// A fifth pod takes the new replica and grows far past the footprints
+	// seen so far; then the Real-ESRGAN pod runs out of GPU memory.
+	g := node.GPUs[0]
+	node.Pods = append(node.Pods, &simnode.Pod{Namespace: "batch", Name: "llm-finetune-0", Containers: []*simnode.Container{{
+		Name: "train", Replicas: map[string][]int{g.UUID: {4}},
+		Processes: []simnode.Process{{PID: 2501, GPU: g.UUID, MemoryBytes: 28 * simnode.GiB, SM: 0.6}},
+	}}})
+	if err := node.Sync(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "A fine-tuning job takes the new replica and grows to 28 GiB; Real-ESRGAN then logs a CUDA OOM:")
 	p, err := node.Pod("media", "esrgan-upscale-0")
 	if err != nil {
 		return err
@@ -106,12 +131,20 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err := node.AppendLog(p, p.Containers[0], "Traceback (most recent call last):", simnode.PyTorchOOM); err != nil {
 		return err
 	}
+	fmt.Fprintf(out, "  %s\n", simnode.PyTorchOOM[:76]+"…")
 	m, err := waitScrape(ctx, url, func(m map[string]*dto.MetricFamily) bool {
 		return m["gpuslice_gpu_oom_events_total"] != nil
 	})
 	if err != nil {
 		return fmt.Errorf("%w (exporter log: %s)", err, logPath)
 	}
+	if _, err := loop.until(ctx, 20*time.Second, func(d policy.Decision) bool { return d.Direction == "down" }); err != nil {
+		return err
+	}
+	if m, err = scrape(ctx, url); err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
 	report(out, m)
 	fmt.Fprintf(out, "\nThe exporter is at %s\n", url)
 	fmt.Fprintf(out, "  curl -s %s | grep ^gpuslice_container\n", url)

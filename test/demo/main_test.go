@@ -12,7 +12,8 @@ import (
 )
 
 // TestDemoOnce runs the demo as `make demo` does, with --once, against the
-// real exporter binary, and checks the report a user sees.
+// real exporter binary, and checks the report a user sees: the tuner raises
+// on headroom and lowers on the OOM, and the per-pod table.
 func TestDemoOnce(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "gpuslice-exporter")
 	build := exec.Command("go", "build", "-o", bin, "github.com/gpuslice/gpuslice/cmd/exporter")
@@ -31,7 +32,10 @@ func TestDemoOnce(t *testing.T) {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{
-		`GPU 0 GPU-[0-9a-f-]+: 18\.0 GiB of 48\.0 GiB used`,
+		`tuner: raise 4 → 5 \(SustainedHeadroom\)`,
+		`tuner: lower 5 → 4 \(GPUOOM\)`,
+		`GPU 0 GPU-[0-9a-f-]+: 46\.0 GiB of 48\.0 GiB used`,
+		`batch\s+llm-finetune-0\s+train\s+28\.0 GiB\s+60%\s+1\s+0\n`,
 		`media\s+esrgan-upscale-0\s+esrgan\s+5\.0 GiB\s+15%\s+1\s+1\n`,
 		`media\s+rife-interp-0\s+rife\s+7\.0 GiB\s+31%\s+1\s+0\n`,
 		`vision\s+yolo-detector-7d9f8\s+detector\s+5\.0 GiB\s+22%\s+1\s+0\n`,
