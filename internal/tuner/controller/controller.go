@@ -1,0 +1,369 @@
+// Package controller is `gpuslice-tuner run`: every interval the leader
+// gathers each node's GPU signals, asks policy.Decide for the node's replica
+// count, writes the device-plugin config the way the cluster's plugin reads
+// it, and then checks that the node's allocatable GPU resource followed.
+//
+// The decision stays a pure function (internal/tuner/policy); this package
+// only gathers, calls it and applies. Its rules for writing:
+//
+//   - Every write reads the object fresh, changes only the tuner's own keys,
+//     labels and annotations, carries the resourceVersion it read (a
+//     conflicting concurrent edit makes the API server refuse it, and the
+//     write is redone from a fresh read, so the other edit survives), and
+//     uses the field manager "gpuslice-tuner". Nothing is written when
+//     nothing would change.
+//   - A write checks that what the decision was based on (the node's config
+//     label, the replica count in the config) is still what the API server
+//     has; if someone changed it meanwhile, the write is dropped and the node
+//     decided again next round.
+//   - An existing config that does not parse (dpconfig.Parse) is never
+//     overwritten: the node is skipped with a Warning Event (ConfigInvalid),
+//     the gpuslice_tuner_config_invalid metric and a log line.
+//   - After a change the node's status.allocatable[resource] must reach
+//     physical GPUs × replicas within apply.verifyTimeout (checked on later
+//     rounds, never by blocking). If it does not, a Warning Event
+//     (VerifyFailed) and gpuslice_tuner_verify_failures_total, and the node
+//     is held: no further change until its allocatable or its config changes,
+//     or apply.verifyHold passes.
+//   - The time of the last change is stored with the change itself (the
+//     node's gpuslice.io/last-decision annotation in the same update as the
+//     label; the ConfigMap's gpuslice.io/last-change annotation in the same
+//     update as the key), so a new leader keeps the cooldown and never
+//     repeats a change its predecessor made.
+//
+// Only the leader (a Lease, released on cancel) decides and writes. Every
+// replica keeps its node informer and signal window warm, so a new leader
+// acts at once. On shutdown a round in progress is finished before the
+// lease is released.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	listersv1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/config"
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+	"github.com/gpuslice/gpuslice/internal/tuner/signals"
+)
+
+// FieldManager is the field manager of every write.
+const FieldManager = "gpuslice-tuner"
+
+// Labels and annotations the tuner reads or writes.
+const (
+	// ConfigLabel is the node label naming the ConfigMap key of a node's
+	// device-plugin config; NVIDIA's config-manager and gpuslice-plugin read
+	// it.
+	ConfigLabel = "nvidia.com/device-plugin.config"
+	// AnnotationReplicas is the node's configured replica count.
+	AnnotationReplicas = "gpuslice.io/replicas"
+	// AnnotationLastDecision is the node's last decision, a JSON Record.
+	AnnotationLastDecision = "gpuslice.io/last-decision"
+	// AnnotationLastChange is, on the ConfigMap in restart mode, when the
+	// tuner last changed the key (RFC 3339).
+	AnnotationLastChange = "gpuslice.io/last-change"
+	// AnnotationRestartedAt is what `kubectl rollout restart` sets on a pod
+	// template.
+	AnnotationRestartedAt = "kubectl.kubernetes.io/restartedAt"
+)
+
+// Event reasons, on the Node.
+const (
+	ReasonReplicasRaised   = "ReplicasRaised"
+	ReasonReplicasLowered  = "ReplicasLowered"
+	ReasonReplicasVerified = "ReplicasVerified"
+	ReasonVerifyFailed     = "VerifyFailed"
+	ReasonChangeHeld       = "ChangeHeld"
+	ReasonConfigInvalid    = "ConfigInvalid"
+	ReasonConfigNotManaged = "ConfigNotManaged"
+	ReasonApplyFailed      = "ApplyFailed"
+	// ReasonAwaitingVerify is recorded in the node's annotation, not as an
+	// Event: a raise waits while the last change is not verified, so two
+	// raises are never stacked blindly. Lowering does not wait.
+	ReasonAwaitingVerify = "AwaitingVerify"
+)
+
+// ErrStale means an object changed between the decision and the write; the
+// write is dropped and the node decided again next round.
+var ErrStale = errors.New("changed since the decision")
+
+// ErrConfigInvalid wraps a device-plugin config that does not parse.
+var ErrConfigInvalid = errors.New("device-plugin config does not parse")
+
+// Options configures New.
+type Options struct {
+	Config config.Config
+	Client kubernetes.Interface
+	Source signals.Source
+	Logger *slog.Logger
+	// Registerer receives the gpuslice_tuner_* metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Tracer records a span per decision; nil records nothing.
+	Tracer trace.Tracer
+	// Recorder records Events; nil sends them to the API server.
+	Recorder record.EventRecorder
+	// Identity is this replica's name in the Lease.
+	Identity string
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Controller is the tuner's control loop.
+type Controller struct {
+	cfg     config.Config
+	client  kubernetes.Interface
+	source  signals.Source
+	log     *slog.Logger
+	tracer  trace.Tracer
+	rec     record.EventRecorder
+	bcast   record.EventBroadcaster
+	now     func() time.Time
+	id      string
+	m       *metrics
+	nodeSel labels.Selector
+
+	informers informers.SharedInformerFactory
+	nodes     listersv1.NodeLister
+
+	// state is per node, touched only by the goroutine running rounds.
+	state map[string]*nodeState
+
+	// afterRound, when set (tests), is called after every round.
+	afterRound func(error)
+	leaderMu   sync.Mutex
+}
+
+// New builds a controller; Run runs it.
+func New(o Options) (*Controller, error) {
+	if err := o.Config.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Client == nil || o.Source == nil {
+		return nil, errors.New("controller: a client and a signal source are required")
+	}
+	sel, err := labels.Parse(o.Config.Apply.NodeSelector)
+	if err != nil {
+		return nil, fmt.Errorf("apply.nodeSelector: %w", err)
+	}
+	c := &Controller{
+		cfg: o.Config, client: o.Client, source: o.Source, log: o.Logger, tracer: o.Tracer,
+		rec: o.Recorder, now: o.Now, id: o.Identity, nodeSel: sel, state: map[string]*nodeState{},
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	if c.tracer == nil {
+		c.tracer = noop.NewTracerProvider().Tracer("")
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if c.rec == nil {
+		c.bcast = record.NewBroadcaster()
+		c.rec = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: FieldManager})
+	}
+	c.m = newMetrics(o.Registerer)
+	c.informers = informers.NewSharedInformerFactory(o.Client, 0)
+	c.nodes = c.informers.Core().V1().Nodes().Lister()
+	return c, nil
+}
+
+// Run runs until ctx ends: the node informer and, while this replica
+// leads, a round every interval.
+func (c *Controller) Run(ctx context.Context) error {
+	if c.bcast != nil {
+		c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		defer c.bcast.Shutdown()
+	}
+	if err := c.startInformers(ctx); err != nil {
+		return err
+	}
+	defer c.informers.Shutdown()
+	if !c.cfg.LeaderElection.Enabled {
+		c.m.leader.Set(1)
+		defer c.m.leader.Set(0)
+		c.loop(context.WithoutCancel(ctx), ctx.Done())
+		return nil
+	}
+	for ctx.Err() == nil {
+		if err := c.elect(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Controller) startInformers(ctx context.Context) error {
+	c.informers.Core().V1().Nodes().Informer()
+	c.informers.Start(ctx.Done())
+	for typ, ok := range c.informers.WaitForCacheSync(ctx.Done()) {
+		if !ok && ctx.Err() == nil {
+			return fmt.Errorf("syncing the %v informer", typ)
+		}
+	}
+	return nil
+}
+
+// elect takes part in one leader election until leadership is lost or ctx
+// ends. The election's own context outlives ctx until the loop has finished
+// its round, because ReleaseOnCancel hands the lease over the moment that
+// context ends.
+func (c *Controller) elect(ctx context.Context) error {
+	le := c.cfg.LeaderElection
+	lock, err := resourcelock.New(resourcelock.LeasesResourceLock, le.Namespace, le.Name,
+		c.client.CoreV1(), c.client.CoordinationV1(), resourcelock.ResourceLockConfig{Identity: c.id})
+	if err != nil {
+		return fmt.Errorf("leader election lock: %w", err)
+	}
+	electCtx, cancelElect := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelElect()
+	var loopDone chan struct{}
+	go func() {
+		<-ctx.Done()
+		c.leaderMu.Lock()
+		d := loopDone
+		c.leaderMu.Unlock()
+		if d != nil {
+			<-d
+		}
+		cancelElect()
+	}()
+	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		Name:            le.Name,
+		LeaseDuration:   le.LeaseDuration,
+		RenewDeadline:   le.RenewDeadline,
+		RetryPeriod:     le.RetryPeriod,
+		ReleaseOnCancel: true,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(lctx context.Context) {
+				c.leaderMu.Lock()
+				if ctx.Err() != nil {
+					c.leaderMu.Unlock()
+					return
+				}
+				d := make(chan struct{})
+				loopDone = d
+				c.leaderMu.Unlock()
+				defer close(d)
+				c.log.Info("leading: deciding and writing", "identity", c.id)
+				c.m.leader.Set(1)
+				defer c.m.leader.Set(0)
+				c.loop(lctx, ctx.Done())
+			},
+			OnStoppedLeading: func() { c.m.leader.Set(0) },
+			OnNewLeader: func(id string) {
+				if id != c.id {
+					c.log.Info("standing by", "leader", id, "identity", c.id)
+				}
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	elector.Run(electCtx)
+	// Run returns once the loop's context is cancelled, possibly before the
+	// loop has noticed; wait for it so two loops never overlap.
+	c.leaderMu.Lock()
+	d := loopDone
+	c.leaderMu.Unlock()
+	if d != nil {
+		<-d
+	}
+	return nil
+}
+
+// loop runs rounds every interval until lead ends (leadership lost: a
+// round in progress is abandoned) or stop closes (shutdown: the round in
+// progress is finished).
+func (c *Controller) loop(lead context.Context, stop <-chan struct{}) {
+	tick := time.NewTicker(c.cfg.Interval)
+	defer tick.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(lead, max(c.cfg.Interval, 30*time.Second))
+		err := c.round(rctx)
+		cancel()
+		if err != nil && lead.Err() == nil {
+			c.log.Error("tuner round failed", "err", err)
+		}
+		if c.afterRound != nil {
+			c.afterRound(err)
+		}
+		select {
+		case <-lead.Done():
+			return
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// work is one node in one round.
+type work struct {
+	node *corev1.Node // informer cache: read only
+	gpus []policy.GPUObservation
+	st   *nodeState
+	// record is the node's last-decision annotation, nil when absent or
+	// unreadable.
+	record *Record
+}
+
+// round decides and applies once for every node that has signals.
+func (c *Controller) round(ctx context.Context) error {
+	now := c.now()
+	obs, err := c.source.Observe(ctx, now, c.cfg.Policy.Window)
+	if err != nil {
+		return fmt.Errorf("gathering signals: %w", err)
+	}
+	nodes, err := c.nodes.List(c.nodeSel)
+	if err != nil {
+		return err
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	var ws []*work
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		gpus := obs[n.Name]
+		if len(gpus) == 0 {
+			continue
+		}
+		st := c.state[n.Name]
+		if st == nil {
+			st = &nodeState{}
+			c.state[n.Name] = st
+		}
+		seen[n.Name] = true
+		ws = append(ws, &work{node: n, gpus: gpus, st: st, record: readRecord(n.Annotations[AnnotationLastDecision])})
+	}
+	for name, st := range c.state {
+		if !seen[name] {
+			c.m.forget(name, st.resource)
+			delete(c.state, name)
+		}
+	}
+	if c.cfg.Apply.Mode == config.ModeRestart {
+		return c.roundRestart(ctx, now, ws)
+	}
+	return c.roundPerNode(ctx, now, ws)
+}

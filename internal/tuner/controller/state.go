@@ -1,0 +1,231 @@
+package controller
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpuslice/gpuslice/internal/dpconfig"
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
+
+// Record is the JSON of a node's gpuslice.io/last-decision annotation.
+type Record struct {
+	Time time.Time `json:"time"`
+	// Replicas is the node's configured count after the decision.
+	Replicas int `json:"replicas"`
+	// Recommended is what the policy asked for (differs from Replicas when
+	// the change was refused or held).
+	Recommended int    `json:"recommended"`
+	Direction   string `json:"direction,omitempty"`
+	Reason      string `json:"reason"`
+	Message     string `json:"message"`
+	// LastChange is when the tuner last changed this node's count.
+	LastChange *time.Time `json:"lastChange,omitempty"`
+}
+
+func readRecord(s string) *Record {
+	if s == "" {
+		return nil
+	}
+	var r Record
+	if json.Unmarshal([]byte(s), &r) != nil {
+		return nil
+	}
+	return &r
+}
+
+func (r Record) String() string {
+	b, _ := json.Marshal(r)
+	return string(b)
+}
+
+// lastChange is the record's LastChange, zero when unknown.
+func (r *Record) lastChange() time.Time {
+	if r == nil || r.LastChange == nil {
+		return time.Time{}
+	}
+	return *r.LastChange
+}
+
+// nodeState is what the controller remembers about a node between rounds.
+type nodeState struct {
+	// pending is a change waiting for the node's allocatable to follow.
+	pending *expectation
+	// held is set after a failed verification: no change until it lifts.
+	held *hold
+	// adopted is set once a leader has looked at the node's annotation for
+	// a change of its predecessor still waiting to be verified.
+	adopted bool
+	// lastEvent dedupes Events: the same reason for the same change is
+	// recorded once, not every round.
+	lastEvent string
+	// resource is the resource label of the node's gauges.
+	resource string
+}
+
+// expectation is what a node's allocatable must reach after a change.
+type expectation struct {
+	replicas int
+	resource string
+	want     int64
+	gpus     int
+	deadline time.Time
+}
+
+type hold struct {
+	replicas    int
+	resource    string
+	allocatable int64
+	until       time.Time
+	why         string
+}
+
+// expectedAllocatable is what a node with gpus physical GPUs advertises
+// under the config: each time-sliced GPU counts its replicas, under the
+// advertised (possibly renamed) name; GPUs left out of a time-slicing
+// resource's device selection stay whole under nvidia.com/gpu.
+func expectedAllocatable(c dpconfig.Config, gpus int) (resource string, count int64) {
+	for _, r := range c.Resources {
+		if r.Name != dpconfig.GPUResource {
+			continue
+		}
+		k := gpus
+		switch {
+		case r.Devices.Count > 0:
+			k = min(r.Devices.Count, gpus)
+		case len(r.Devices.List) > 0:
+			k = min(len(r.Devices.List), gpus)
+		}
+		name := c.AdvertisedName(r)
+		count = int64(k * r.Replicas)
+		if name == dpconfig.GPUResource {
+			count += int64(gpus - k)
+		}
+		return name, count
+	}
+	return dpconfig.GPUResource, int64(gpus)
+}
+
+// resourceOf is the resource a config advertises the node's GPUs under.
+func resourceOf(c dpconfig.Config) string {
+	r, _ := expectedAllocatable(c, 0)
+	return r
+}
+
+func allocatable(n *corev1.Node, resource string) int64 {
+	q, ok := n.Status.Allocatable[corev1.ResourceName(resource)]
+	if !ok {
+		return 0
+	}
+	return q.Value()
+}
+
+// physicalGPUs counts the GPUs the node's latest look reported: those whose
+// newest sample is within two sample intervals of the node's newest.
+func physicalGPUs(gpus []policy.GPUObservation, interval time.Duration) int {
+	var newest time.Time
+	for _, g := range gpus {
+		if t := g.Samples[len(g.Samples)-1].Time; t.After(newest) {
+			newest = t
+		}
+	}
+	n := 0
+	for _, g := range gpus {
+		if newest.Sub(g.Samples[len(g.Samples)-1].Time) <= 2*interval {
+			n++
+		}
+	}
+	return n
+}
+
+// nodeRef is how Events name a node: with its name as UID, as the kubelet's
+// events do, so `kubectl describe node` lists them.
+func nodeRef(name string) *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", Name: name, UID: types.UID(name)}
+}
+
+// event records an Event on the node unless the same one was the node's
+// last (refusals repeat every round; a change is recorded once).
+func (c *Controller) event(w *work, eventType, reason, key, format string, args ...any) {
+	k := reason + "|" + key
+	if w.st.lastEvent == k {
+		return
+	}
+	w.st.lastEvent = k
+	msg := fmt.Sprintf(format, args...)
+	if c.cfg.DryRun {
+		msg = "dry run: " + msg
+	}
+	c.rec.Event(nodeRef(w.node.Name), eventType, reason, msg)
+}
+
+// checkVerify settles a pending change and lifts a hold whose cause is
+// gone. cur is the node's configured count now.
+func (c *Controller) checkVerify(w *work, now time.Time, cur int) {
+	st := w.st
+	if p := st.pending; p != nil {
+		got := allocatable(w.node, p.resource)
+		switch {
+		case cur != p.replicas:
+			c.log.Info("pending change superseded: the config changed", "node", w.node.Name, "replicas", cur, "expected", p.replicas)
+			st.pending = nil
+		case got == p.want:
+			st.pending = nil
+			c.event(w, corev1.EventTypeNormal, ReasonReplicasVerified, fmt.Sprint(p.replicas),
+				"node advertises %d %s (%d GPUs × %d replicas)", got, p.resource, p.gpus, p.replicas)
+			c.log.Info("change verified", "node", w.node.Name, "resource", p.resource, "allocatable", got, "replicas", p.replicas)
+		case now.After(p.deadline):
+			st.pending = nil
+			why := fmt.Sprintf("%d replicas were written, but after %s the node advertises %d %s, want %d (%d GPUs × %d); not changing it again until its allocatable or config changes, or %s",
+				p.replicas, c.cfg.Apply.VerifyTimeout, got, p.resource, p.want, p.gpus, p.replicas, c.cfg.Apply.VerifyHold)
+			st.held = &hold{replicas: p.replicas, resource: p.resource, allocatable: got, until: now.Add(c.cfg.Apply.VerifyHold), why: why}
+			c.m.verifyFailures.WithLabelValues(w.node.Name).Inc()
+			c.event(w, corev1.EventTypeWarning, ReasonVerifyFailed, fmt.Sprint(p.replicas), "%s", why)
+			c.log.Warn("change not verified", "node", w.node.Name, "resource", p.resource, "allocatable", got, "want", p.want, "hold", c.cfg.Apply.VerifyHold)
+		}
+	}
+	if h := st.held; h != nil {
+		lift := ""
+		switch {
+		case cur != h.replicas:
+			lift = fmt.Sprintf("its config changed to %d replicas", cur)
+		case allocatable(w.node, h.resource) != h.allocatable:
+			lift = fmt.Sprintf("its allocatable %s changed to %d", h.resource, allocatable(w.node, h.resource))
+		case !now.Before(h.until):
+			lift = "verifyHold passed"
+		}
+		if lift != "" {
+			c.log.Info("hold after a failed verification lifted", "node", w.node.Name, "because", lift)
+			st.held = nil
+		}
+	}
+}
+
+// expect starts waiting for the node's allocatable to follow a change.
+func (c *Controller) expect(w *work, cfg dpconfig.Config, replicas int, deadline time.Time) {
+	gpus := physicalGPUs(w.gpus, c.cfg.Policy.SampleInterval)
+	res, want := expectedAllocatable(cfg, gpus)
+	w.st.pending = &expectation{replicas: replicas, resource: res, want: want, gpus: gpus, deadline: deadline}
+	w.st.held = nil
+}
+
+// adopt picks up, once per leadership, a change the previous leader made
+// whose verification it could not finish.
+func (c *Controller) adopt(w *work, now time.Time, cur int, cfg dpconfig.Config) {
+	if w.st.adopted {
+		return
+	}
+	w.st.adopted = true
+	if c.cfg.DryRun || w.st.pending != nil {
+		return
+	}
+	last := w.record.lastChange()
+	if last.IsZero() || w.record.Replicas != cur || !now.Before(last.Add(c.cfg.Apply.VerifyTimeout)) {
+		return
+	}
+	c.expect(w, cfg, cur, last.Add(c.cfg.Apply.VerifyTimeout))
+}

@@ -1,0 +1,87 @@
+package controller
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
+
+// SpanDecide is the name of the span recorded for each decision.
+const SpanDecide = "gpuslice.tuner.decide"
+
+// decide runs the policy for one node inside a span carrying its inputs
+// and its answer. The caller ends the span once the decision is applied
+// (or refused), adding what happened.
+func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, now time.Time) (policy.Decision, trace.Span) {
+	_, span := c.tracer.Start(ctx, SpanDecide, trace.WithAttributes(
+		attribute.String("k8s.node.name", w.node.Name),
+		attribute.Int("gpuslice.replicas.current", cur),
+		attribute.String("gpuslice.apply.mode", c.cfg.Apply.Mode),
+		attribute.Bool("gpuslice.dry_run", c.cfg.DryRun),
+	))
+	if span.IsRecording() {
+		span.SetAttributes(inputAttributes(w.gpus, lastChange, now.Add(-c.cfg.Policy.Window))...)
+	}
+	d := policy.Decide(c.cfg.Policy, policy.Observation{
+		Node: w.node.Name, Now: now, CurrentReplicas: cur, LastChange: lastChange, GPUs: w.gpus,
+	})
+	span.SetAttributes(
+		attribute.Int("gpuslice.replicas.decided", d.Replicas),
+		attribute.String("gpuslice.direction", d.Direction),
+		attribute.String("gpuslice.reason", d.Reason),
+		attribute.String("gpuslice.message", d.Message),
+		attribute.String("gpuslice.decision.gpu", d.GPU),
+		attribute.Int64("gpuslice.footprint_bytes", int64(d.FootprintBytes)),
+	)
+	return d, span
+}
+
+// inputAttributes summarises what Decide saw: per GPU (in the order of
+// gpuslice.gpu.uuids) the samples in the window, the latest memory and
+// replicas, the largest used memory and container peak, and the OOM events.
+func inputAttributes(gpus []policy.GPUObservation, lastChange, from time.Time) []attribute.KeyValue {
+	n := len(gpus)
+	uuids := make([]string, n)
+	samples := make([]int, n)
+	total, used, usedMax, peak := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	adv, alloc, ooms := make([]int, n), make([]int, n), make([]int, n)
+	for i, g := range gpus {
+		uuids[i] = g.UUID
+		for _, s := range g.Samples {
+			if s.Time.Before(from) {
+				continue
+			}
+			samples[i]++
+			usedMax[i] = max(usedMax[i], int64(s.MemoryUsedBytes))
+			ooms[i] += s.OOMEvents
+			for _, p := range s.ContainerPeaks {
+				peak[i] = max(peak[i], int64(p))
+			}
+		}
+		if len(g.Samples) > 0 {
+			l := g.Samples[len(g.Samples)-1]
+			total[i], used[i] = int64(l.MemoryTotalBytes), int64(l.MemoryUsedBytes)
+			adv[i], alloc[i] = l.ReplicasAdvertised, l.ReplicasAllocated
+		}
+	}
+	last := ""
+	if !lastChange.IsZero() {
+		last = lastChange.UTC().Format(time.RFC3339)
+	}
+	return []attribute.KeyValue{
+		attribute.String("gpuslice.last_change", last),
+		attribute.StringSlice("gpuslice.gpu.uuids", uuids),
+		attribute.IntSlice("gpuslice.gpu.samples", samples),
+		attribute.Int64Slice("gpuslice.gpu.memory_total_bytes", total),
+		attribute.Int64Slice("gpuslice.gpu.memory_used_bytes", used),
+		attribute.Int64Slice("gpuslice.gpu.memory_used_max_bytes", usedMax),
+		attribute.Int64Slice("gpuslice.gpu.container_peak_bytes", peak),
+		attribute.IntSlice("gpuslice.gpu.replicas_advertised", adv),
+		attribute.IntSlice("gpuslice.gpu.replicas_allocated", alloc),
+		attribute.IntSlice("gpuslice.gpu.oom_events", ooms),
+	}
+}
