@@ -1,0 +1,196 @@
+package controller
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+
+	"github.com/gpuslice/gpuslice/internal/testenv"
+	"github.com/gpuslice/gpuslice/internal/tuner/config"
+	"github.com/gpuslice/gpuslice/internal/tuner/signals"
+)
+
+// applyRBAC creates every object of deploy/rbac/tuner.yaml.
+func applyRBAC(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", "rbac", "tuner.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i, doc := range bytes.Split(data, []byte("\n---\n")) {
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = env.Client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			_, err = env.Client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = env.Client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = env.Client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = env.Client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("document %d: unexpected %T", i, obj)
+		}
+		if err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+	}
+}
+
+// testRBAC runs the tuner as its ServiceAccount with only the manifest's
+// rights: leader election, exporter discovery, Events, both write paths.
+// Then it checks a few things the tuner must not be able to do.
+func testRBAC(t *testing.T, env *testenv.Env) {
+	const tunerNS, pluginNS, cmName = "gpuslice", "nvidia-device-plugin", "nvidia-device-plugin-configs"
+	env.CreateNamespace(t, tunerNS)
+	env.CreateNamespace(t, pluginNS)
+	applyRBAC(t, env)
+	rc := rest.CopyConfig(env.Config)
+	rc.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:gpuslice:gpuslice-tuner"}
+	sa, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin := &harness{t: t, env: env, ctx: ctx, ns: pluginNS}
+	if _, err := env.Client.CoreV1().ConfigMaps(pluginNS).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: cmName, Namespace: pluginNS}, Data: map[string]string{"default": baseConfig}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	admin.node("rbac-node", nil, 4)
+
+	t.Run("exporter discovery", func(t *testing.T) {
+		ecfg := config.Default().Signals.Exporters
+		pod, err := env.Client.CoreV1().Pods(tunerNS).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "exporter", Namespace: tunerNS, Labels: map[string]string{"app.kubernetes.io/name": "gpuslice-exporter"}},
+			Spec:       corev1.PodSpec{NodeName: "rbac-node", Containers: []corev1.Container{{Name: "exporter", Image: "gpuslice-exporter"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1"}
+		if _, err := env.Client.CoreV1().Pods(tunerNS).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		exp, err := signals.NewExporters(signals.ExportersOptions{Config: ecfg, Client: sa, Interval: time.Hour, Keep: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ectx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { _ = exp.Run(ectx) }()
+		poll(t, 10*time.Second, func() string {
+			targets, err := exp.Targets()
+			if err != nil {
+				return err.Error()
+			}
+			if len(targets) != 1 || targets[0].Node != "rbac-node" {
+				return fmt.Sprintf("targets %v", targets)
+			}
+			return ""
+		})
+	})
+
+	t.Run("config-manager with leader election and Events", func(t *testing.T) {
+		cfg := testConfig(config.ModeConfigManager, pluginNS)
+		cfg.Apply.ConfigMap.Name = cmName
+		cfg.LeaderElection = config.LeaderElection{Enabled: true, Namespace: tunerNS, Name: "gpuslice-tuner",
+			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond}
+		cfg.Interval = 100 * time.Millisecond
+		src := &fakeSource{interval: cfg.Policy.SampleInterval}
+		src.set("rbac-node", headroom(1))
+		c, err := New(Options{Config: cfg, Client: sa, Source: src, Identity: "rbac"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var roundErr error
+		c.afterRound = func(err error) {
+			if err != nil && roundErr == nil {
+				roundErr = err
+			}
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(rctx) }()
+		poll(t, 30*time.Second, func() string {
+			if l := admin.getNode("rbac-node").Labels[ConfigLabel]; l != "gpuslice-5" {
+				return "node label " + l
+			}
+			evs, err := env.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=rbac-node"})
+			if err != nil {
+				return err.Error()
+			}
+			for _, e := range evs.Items {
+				if e.Reason == ReasonReplicasRaised {
+					return ""
+				}
+			}
+			return fmt.Sprintf("no ReplicasRaised Event among %d", len(evs.Items))
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if roundErr != nil {
+			t.Errorf("a round failed: %v", roundErr)
+		}
+	})
+
+	t.Run("restart", func(t *testing.T) {
+		cfg := testConfig(config.ModeRestart, pluginNS)
+		cfg.Apply.ConfigMap.Name = cmName
+		h := newHarness(t, env, cfg, sa)
+		h.daemonSet()
+		h.src.set("rbac-node", headroom(1))
+		h.round()
+		if got := h.getDaemonSet().Spec.Template.Annotations[AnnotationRestartedAt]; got == "" {
+			t.Error("DaemonSet not restarted")
+		}
+	})
+
+	t.Run("nothing more", func(t *testing.T) {
+		for what, err := range map[string]error{
+			"list secrets": func() error {
+				_, err := sa.CoreV1().Secrets(tunerNS).List(ctx, metav1.ListOptions{})
+				return err
+			}(),
+			"read another ConfigMap": func() error {
+				_, err := sa.CoreV1().ConfigMaps(pluginNS).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+				return err
+			}(),
+			"create a ConfigMap": func() error {
+				_, err := sa.CoreV1().ConfigMaps(pluginNS).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{})
+				return err
+			}(),
+			"delete a node": sa.CoreV1().Nodes().Delete(ctx, "rbac-node", metav1.DeleteOptions{}),
+			"list pods elsewhere": func() error {
+				_, err := sa.CoreV1().Pods(pluginNS).List(ctx, metav1.ListOptions{})
+				return err
+			}(),
+		} {
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("%s: %v, want forbidden", what, err)
+			}
+		}
+	})
+}
