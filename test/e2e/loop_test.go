@@ -259,9 +259,7 @@ func (w *world) namedConfig(t *testing.T, ns, name, key string, want int) {
 // decisionRecord is the part of the tuner's gpuslice.io/last-decision
 // annotation the test reads.
 type decisionRecord struct {
-	Time       time.Time  `json:"time"`
 	Replicas   int        `json:"replicas"`
-	Reason     string     `json:"reason"`
 	LastChange *time.Time `json:"lastChange"`
 }
 
