@@ -209,7 +209,7 @@ func (c *Controller) perNode(ctx context.Context, now time.Time, w *work, cm *co
 	}
 	if p := w.st.pending; p != nil && d.Direction == policy.DirectionUp {
 		c.annotate(ctx, w, Record{Time: now, Replicas: replicas, Recommended: d.Replicas, Reason: ReasonAwaitingVerify,
-			Message: fmt.Sprintf("raise %d -> %d waits until the node advertises %d %s (deadline %s)", replicas, d.Replicas, p.want, p.resource, p.deadline.UTC().Format(time.RFC3339))}, lastChange)
+			Message: fmt.Sprintf("raise %d -> %d waits until the node advertises %s (deadline %s)", replicas, d.Replicas, p, p.deadline.UTC().Format(time.RFC3339))}, lastChange)
 		return
 	}
 	if h := w.st.held; h != nil {

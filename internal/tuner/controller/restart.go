@@ -89,7 +89,7 @@ func (c *Controller) roundRestart(ctx context.Context, now time.Time, ws []*work
 		if p := x.w.st.pending; p != nil && d.Direction == policy.DirectionUp {
 			for _, y := range ds {
 				c.annotate(ctx, y.w, Record{Time: now, Replicas: cur, Recommended: y.d.Replicas, Reason: ReasonAwaitingVerify,
-					Message: fmt.Sprintf("cluster-wide raise %d -> %d waits until node %s advertises %d %s", cur, target, x.w.node.Name, p.want, p.resource)}, lastChange)
+					Message: fmt.Sprintf("cluster-wide raise %d -> %d waits until node %s advertises %s", cur, target, x.w.node.Name, p)}, lastChange)
 			}
 			return nil
 		}

@@ -67,13 +67,28 @@ type nodeState struct {
 	resource string
 }
 
-// expectation is what a node's allocatable must reach after a change.
+// expectation is what a node's allocatable must reach after a change:
+// want, plus up to draining more. gpuslice-plugin keeps advertising replica
+// IDs above a lowered count while pods hold them (so the kubelet keeps
+// their allocation consistent), and drops each when it is released;
+// NVIDIA's plugin drops them at once. draining is the most IDs that can be
+// held above the new count: per GPU, the allocated replicas beyond it.
 type expectation struct {
 	replicas int
 	resource string
 	want     int64
+	draining int64
 	gpus     int
 	deadline time.Time
+}
+
+func (p *expectation) met(got int64) bool { return got >= p.want && got <= p.want+p.draining }
+
+func (p *expectation) String() string {
+	if p.draining == 0 {
+		return fmt.Sprintf("%d %s (%d GPUs × %d)", p.want, p.resource, p.gpus, p.replicas)
+	}
+	return fmt.Sprintf("%d to %d %s (%d GPUs × %d, plus up to %d IDs still held above it)", p.want, p.want+p.draining, p.resource, p.gpus, p.replicas, p.draining)
 }
 
 type hold struct {
@@ -124,22 +139,23 @@ func allocatable(n *corev1.Node, resource string) int64 {
 	return q.Value()
 }
 
-// physicalGPUs counts the GPUs the node's latest look reported: those whose
-// newest sample is within two sample intervals of the node's newest.
-func physicalGPUs(gpus []policy.GPUObservation, interval time.Duration) int {
+// currentGPUs are the GPUs the node's latest look reported: those whose
+// newest sample is within two sample intervals of the node's newest (a GPU
+// removed a minute ago still has samples in the window).
+func currentGPUs(gpus []policy.GPUObservation, interval time.Duration) []policy.GPUObservation {
 	var newest time.Time
 	for _, g := range gpus {
 		if t := g.Samples[len(g.Samples)-1].Time; t.After(newest) {
 			newest = t
 		}
 	}
-	n := 0
+	var out []policy.GPUObservation
 	for _, g := range gpus {
 		if newest.Sub(g.Samples[len(g.Samples)-1].Time) <= 2*interval {
-			n++
+			out = append(out, g)
 		}
 	}
-	return n
+	return out
 }
 
 // nodeRef is how Events name a node: with its name as UID, as the kubelet's
@@ -173,15 +189,15 @@ func (c *Controller) checkVerify(w *work, now time.Time, cur int) {
 		case cur != p.replicas:
 			c.log.Info("pending change superseded: the config changed", "node", w.node.Name, "replicas", cur, "expected", p.replicas)
 			st.pending = nil
-		case got == p.want:
+		case p.met(got):
 			st.pending = nil
 			c.event(w, corev1.EventTypeNormal, ReasonReplicasVerified, fmt.Sprint(p.replicas),
-				"node advertises %d %s (%d GPUs × %d replicas)", got, p.resource, p.gpus, p.replicas)
+				"node advertises %d %s, as expected: %s", got, p.resource, p)
 			c.log.Info("change verified", "node", w.node.Name, "resource", p.resource, "allocatable", got, "replicas", p.replicas)
 		case now.After(p.deadline):
 			st.pending = nil
-			why := fmt.Sprintf("%d replicas were written, but after %s the node advertises %d %s, want %d (%d GPUs × %d); not changing it again until its allocatable or config changes, or %s",
-				p.replicas, c.cfg.Apply.VerifyTimeout, got, p.resource, p.want, p.gpus, p.replicas, c.cfg.Apply.VerifyHold)
+			why := fmt.Sprintf("%d replicas were written, but after %s the node advertises %d %s, want %s; not changing it again until its allocatable or config changes, or %s",
+				p.replicas, c.cfg.Apply.VerifyTimeout, got, p.resource, p, c.cfg.Apply.VerifyHold)
 			st.held = &hold{replicas: p.replicas, resource: p.resource, allocatable: got, until: now.Add(c.cfg.Apply.VerifyHold), why: why}
 			c.m.verifyFailures.WithLabelValues(w.node.Name).Inc()
 			c.event(w, corev1.EventTypeWarning, ReasonVerifyFailed, fmt.Sprint(p.replicas), "%s", why)
@@ -207,9 +223,13 @@ func (c *Controller) checkVerify(w *work, now time.Time, cur int) {
 
 // expect starts waiting for the node's allocatable to follow a change.
 func (c *Controller) expect(w *work, cfg dpconfig.Config, replicas int, deadline time.Time) {
-	gpus := physicalGPUs(w.gpus, c.cfg.Policy.SampleInterval)
-	res, want := expectedAllocatable(cfg, gpus)
-	w.st.pending = &expectation{replicas: replicas, resource: res, want: want, gpus: gpus, deadline: deadline}
+	current := currentGPUs(w.gpus, c.cfg.Policy.SampleInterval)
+	res, want := expectedAllocatable(cfg, len(current))
+	var draining int64
+	for _, g := range current {
+		draining += int64(max(0, g.Samples[len(g.Samples)-1].ReplicasAllocated-replicas))
+	}
+	w.st.pending = &expectation{replicas: replicas, resource: res, want: want, draining: draining, gpus: len(current), deadline: deadline}
 	w.st.held = nil
 }
 
