@@ -83,10 +83,14 @@ policy: {window: 2s, sampleInterval: 200ms, pressureWindow: 1s, cooldown: 1h}
 	addr := l.Addr().String()
 	l.Close()
 
+	// While it runs, the test talks to it over HTTP only: run sets
+	// client-go's global klog logger, which this goroutine's client would
+	// read concurrently.
+	kubeconfig := env.Kubeconfig(t, dir)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- dispatch(runCtx, []string{"run", "--config", cfgPath, "--kubeconfig", env.Kubeconfig(t, dir),
+		done <- dispatch(runCtx, []string{"run", "--config", cfgPath, "--kubeconfig", kubeconfig,
 			"--web.listen-address", addr, "--leader-election.identity", "e2e", "--log.level", "warn"}, io.Discard, io.Discard)
 	}()
 	stopped := false
@@ -108,10 +112,6 @@ policy: {window: 2s, sampleInterval: 200ms, pressureWindow: 1s, cooldown: 1h}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var msg string
-		got, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
 		body := ""
 		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
 			b, _ := io.ReadAll(resp.Body)
@@ -119,8 +119,6 @@ policy: {window: 2s, sampleInterval: 200ms, pressureWindow: 1s, cooldown: 1h}
 			body = string(b)
 		}
 		switch {
-		case got.Labels["nvidia.com/device-plugin.config"] != "gpuslice-5":
-			msg = fmt.Sprintf("node label %q", got.Labels["nvidia.com/device-plugin.config"])
 		case !metric(body, "gpuslice_tuner_leader 1"):
 			msg = "not leader yet"
 		case !metric(body, `gpuslice_tuner_changes_total{direction="up",node="e2e-node",resource="nvidia.com/gpu"} 1`):
@@ -139,6 +137,13 @@ policy: {window: 2s, sampleInterval: 200ms, pressureWindow: 1s, cooldown: 1h}
 	stopped = true
 	if err := <-done; err != nil {
 		t.Errorf("run returned %v after its context ended", err)
+	}
+	got, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := got.Labels["nvidia.com/device-plugin.config"]; l != "gpuslice-5" {
+		t.Errorf("node label %q, want gpuslice-5", l)
 	}
 	lease, err := env.Client.CoordinationV1().Leases(ns).Get(ctx, "gpuslice-tuner", metav1.GetOptions{})
 	if err != nil {
