@@ -180,3 +180,26 @@ func TestRunFlags(t *testing.T) {
 		})
 	}
 }
+
+func TestTracingOnlyWithAnEndpoint(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	tr, shutdown, err := tracing(t.Context())
+	if err != nil || tr != nil {
+		t.Fatalf("without an endpoint: tracer %v, err %v; want none", tr, err)
+	}
+	shutdown()
+
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "200") // ms: nobody listens there
+	tr, shutdown, err = tracing(t.Context())
+	if err != nil || tr == nil {
+		t.Fatalf("with an endpoint: tracer %v, err %v", tr, err)
+	}
+	_, span := tr.Start(t.Context(), "test")
+	if !span.IsRecording() {
+		t.Error("the OTLP tracer does not record")
+	}
+	span.End()
+	shutdown()
+}
