@@ -237,8 +237,14 @@ func (c *Controller) elect(ctx context.Context) error {
 	electCtx, cancelElect := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelElect()
 	var loopDone chan struct{}
+	finished := make(chan struct{})
+	defer close(finished)
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-finished: // leadership lost: the next elect watches ctx
+			return
+		}
 		c.leaderMu.Lock()
 		d := loopDone
 		c.leaderMu.Unlock()
