@@ -41,6 +41,8 @@ var Tuner = []string{
 	"gpuslice_tuner_verify_failures_total",
 	"gpuslice_tuner_last_change_timestamp_seconds",
 	"gpuslice_tuner_leader",
+	// Beyond DESIGN.md: set while a node's config does not parse.
+	"gpuslice_tuner_config_invalid",
 }
 
 // Plugin lists the metrics gpuslice-plugin serves (DESIGN.md, "Plugin
