@@ -1178,3 +1178,57 @@ func TestProgramsAcceptRenderedArgs(t *testing.T) {
 		}
 	}
 }
+
+// mdLink is a markdown inline link's target; repoPath a code span naming a
+// file of the repository from its root (`alerts/...`, `dashboards/*.json`).
+var (
+	mdLink   = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	repoPath = regexp.MustCompile("`((?:alerts|cmd|dashboards|deploy|docs|hack|internal|test)/[^`\\s]*)`")
+)
+
+// staleRefs returns every relative link of the markdown doc (in directory
+// docDir) and every repository path it names in a code span (from root)
+// that matches no file.
+func staleRefs(doc, docDir, root string) []string {
+	var stale []string
+	for _, m := range mdLink.FindAllStringSubmatch(doc, -1) {
+		target, _, _ := strings.Cut(m[1], "#")
+		if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(docDir, filepath.FromSlash(target))); err != nil {
+			stale = append(stale, "link "+m[1])
+		}
+	}
+	for _, m := range repoPath.FindAllStringSubmatch(doc, -1) {
+		if found, err := filepath.Glob(filepath.Join(root, filepath.FromSlash(m[1]))); err != nil || len(found) == 0 {
+			stale = append(stale, "path "+m[1])
+		}
+	}
+	return stale
+}
+
+// TestChartREADMELinks checks that the chart README's relative links and the
+// repository files it names exist, so a moved file (the runbook went from
+// alerts/RUNBOOK.md to docs/runbook.md) breaks the test, not the reader.
+func TestChartREADMELinks(t *testing.T) {
+	root := repoRoot(t)
+	t.Run("a missing target is reported", func(t *testing.T) {
+		doc := "see [runbook](../../../alerts/RUNBOOK.md), `alerts/RUNBOOK.md`, [site](https://example.com/x.md) and [values](values.yaml#L3)"
+		want := []string{"link ../../../alerts/RUNBOOK.md", "path alerts/RUNBOOK.md"}
+		if diff := cmp.Diff(want, staleRefs(doc, chartPath(t), root)); diff != "" {
+			t.Errorf("staleRefs (-want +got):\n%s", diff)
+		}
+	})
+	readme := filepath.Join(chartPath(t), "README.md")
+	data, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(mdLink.FindAllString(string(data), -1)); n == 0 {
+		t.Errorf("%s has no relative links; the check would pass anything", readme)
+	}
+	for _, s := range staleRefs(string(data), chartPath(t), root) {
+		t.Errorf("%s: %s points at no file", readme, s)
+	}
+}
