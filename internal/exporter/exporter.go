@@ -69,6 +69,11 @@ type Exporter struct {
 	mu   sync.Mutex
 	proc *procReader
 	ooms *oomCounter
+	// index is every UUID → gpu label seen so far. A scrape whose GPU
+	// reading fails still labels allocation and OOM series with the GPU's
+	// index: relabelling them gpu="" would start new series, and a counter
+	// series that appears already above zero fires the OOM alert.
+	index map[string]string
 }
 
 // New builds an Exporter.
@@ -89,7 +94,8 @@ func New(cfg Config) *Exporter {
 		cfg:  cfg,
 		log:  cfg.Logger,
 		proc: newProcReader(cfg.Procfs, cfg.Logger),
-		ooms: newOOMCounter(),
+		ooms:  newOOMCounter(),
+		index: map[string]string{},
 	}
 }
 
@@ -118,7 +124,7 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 		e.log.Warn("reading GPU", "gpu", f.Index, "uuid", f.UUID, "err", f.Err)
 	}
 	in.Devices = snap.Devices
-	index := gpuIndex(snap)
+	index := e.updateIndex(snap)
 	emitDevices(ch, snap)
 	emitXids(ch, e.cfg.GPU.Xids())
 	report(ch, CollectorGPU, start, ok)
@@ -169,19 +175,19 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// gpuIndex maps UUIDs to the gpu label (the NVML index), including GPUs
-// that failed this reading, so allocation series keep their label.
-func gpuIndex(s gpu.Snapshot) map[string]string {
-	m := make(map[string]string, len(s.Devices)+len(s.Failed))
+// updateIndex records the gpu label (the NVML index) of every GPU in the
+// snapshot, failed ones included, and returns the map of all GPUs seen. A
+// node's GPUs are few, so nothing is ever dropped.
+func (e *Exporter) updateIndex(s gpu.Snapshot) map[string]string {
 	for _, d := range s.Devices {
-		m[d.UUID] = strconv.Itoa(d.Index)
+		e.index[d.UUID] = strconv.Itoa(d.Index)
 	}
 	for _, f := range s.Failed {
 		if f.UUID != "" {
-			m[f.UUID] = strconv.Itoa(f.Index)
+			e.index[f.UUID] = strconv.Itoa(f.Index)
 		}
 	}
-	return m
+	return e.index
 }
 
 func report(ch chan<- prometheus.Metric, collector string, start time.Time, ok bool) {

@@ -66,13 +66,24 @@ func (o *oomCounter) scan(d *oom.Detector, res attribution.Result, src pods.Sour
 			return // no UID, so no log directory; the next scrape may know it
 		}
 		w := o.watch[k]
-		if w == nil {
+		// A pod recreated under the same name (a StatefulSet's) has a new
+		// UID, so new log files and new instances: start over.
+		if w == nil || w.c.PodUID != logUID(p) {
 			w = &watched{c: oom.Container{Namespace: ns, Pod: pod, PodUID: logUID(p), Container: container}, uuid: uuid}
 			o.watch[k] = w
 		}
 		w.lastSeen = now
 		if w.uuid == "" {
 			w.uuid = uuid
+		}
+		// Counters exist at 0 from the moment a container is watched, so
+		// the first OOM is an increase from 0 that increase() and rate()
+		// see, not a series born at 1.
+		for _, src := range []oom.Source{oom.SourceLog, oom.SourceTermination} {
+			ck := oomKey{containerKey: k, uuid: w.uuid, source: src}
+			if o.counts[ck] == nil {
+				o.counts[ck] = &oomCount{lastSeen: now}
+			}
 		}
 	}
 	// Holdings first: the allocated GPU is the one to blame when a container
@@ -112,7 +123,7 @@ func (o *oomCounter) scan(d *oom.Detector, res attribution.Result, src pods.Sour
 		c.n++
 	}
 	for ck, c := range o.counts {
-		if _, ok := o.watch[ck.containerKey]; ok {
+		if w, ok := o.watch[ck.containerKey]; ok && w.uuid == ck.uuid {
 			c.lastSeen = now
 		} else if now.Sub(c.lastSeen) > forgetCounterAfter {
 			delete(o.counts, ck)

@@ -2,7 +2,8 @@
 // integration tests, through controller-runtime's envtest. The binaries are
 // built once by hack/test-bins.sh (make test-bins) into .cache/bin; a test
 // that needs them fails with a message saying how to build them rather than
-// silently skipping, so CI can never pass without having run it.
+// silently skipping, so CI can never pass without having run it. Only an
+// explicit `go test -short` skips them.
 package testenv
 
 import (
@@ -40,6 +41,9 @@ type Env struct {
 // with t.Cleanup).
 func Start(t testing.TB) *Env {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("testenv: -short skips tests that need kube-apiserver and etcd")
+	}
 	dir := AssetsDir()
 	for _, bin := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {

@@ -230,8 +230,11 @@ func report(w io.Writer, m map[string]*dto.MetricFamily) {
 	for _, s := range m["gpuslice_container_gpu_allocation"].GetMetric() {
 		get(labels(s)).slots = fmt.Sprintf("%g", s.GetGauge().GetValue())
 	}
+	ooms := map[*row]float64{} // summed over the log and termination sources
 	for _, s := range m["gpuslice_gpu_oom_events_total"].GetMetric() {
-		get(labels(s)).ooms = fmt.Sprintf("%g", s.GetCounter().GetValue())
+		r := get(labels(s))
+		ooms[r] += s.GetCounter().GetValue()
+		r.ooms = fmt.Sprintf("%g", ooms[r])
 	}
 	keys := make([]string, 0, len(rows))
 	for k := range rows {
