@@ -91,9 +91,9 @@ func New(cfg Config) *Exporter {
 		cfg.Now = time.Now
 	}
 	return &Exporter{
-		cfg:  cfg,
-		log:  cfg.Logger,
-		proc: newProcReader(cfg.Procfs, cfg.Logger),
+		cfg:   cfg,
+		log:   cfg.Logger,
+		proc:  newProcReader(cfg.Procfs, cfg.Logger),
 		ooms:  newOOMCounter(),
 		index: map[string]string{},
 	}
