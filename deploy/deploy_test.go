@@ -92,8 +92,10 @@ type valueSet struct {
 func valueSets() []valueSet {
 	return []valueSet{
 		{name: "default", release: "gpuslice", namespace: "gpuslice"},
+		// A live tuner: it writes only with dryRun false.
 		{name: "plugin", release: "gp", namespace: "gpu-plugin", args: []string{
 			"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin",
+			"--set", "tuner.config.dryRun=false",
 		}},
 		{name: "servicemonitors-rules-dashboards", release: "mon", namespace: "gpu-mon", args: []string{
 			"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin",
@@ -1069,6 +1071,10 @@ func TestTunerConfig(t *testing.T) {
 			if c.Apply.Mode != modeOf(vs) {
 				t.Errorf("apply.mode %q, want %q", c.Apply.Mode, modeOf(vs))
 			}
+			// A plain install must not rewrite anyone's device-plugin config.
+			if want := vs.set("tuner.config.dryRun", "true") == "true"; c.DryRun != want {
+				t.Errorf("dryRun %v, want %v", c.DryRun, want)
+			}
 			dp := find(t, objs, "Role", vs.fullname()+"-tuner-device-plugin")
 			if dp.GetNamespace() != c.Apply.ConfigMap.Namespace {
 				t.Errorf("apply.configMap is in %s, the tuner's Role in %s", c.Apply.ConfigMap.Namespace, dp.GetNamespace())
@@ -1120,13 +1126,18 @@ func TestTunerConfig(t *testing.T) {
 }
 
 func modeOf(vs valueSet) string {
-	mode := config.ModeRestart
+	return vs.set("tuner.mode", config.ModeRestart)
+}
+
+// set returns the value vs sets key to with --set, or def.
+func (vs valueSet) set(key, def string) string {
+	v := def
 	for i, a := range vs.args {
-		if m, ok := strings.CutPrefix(a, "tuner.mode="); ok && i > 0 && vs.args[i-1] == "--set" {
-			mode = m
+		if s, ok := strings.CutPrefix(a, key+"="); ok && i > 0 && vs.args[i-1] == "--set" {
+			v = s
 		}
 	}
-	return mode
+	return v
 }
 
 // TestProgramsAcceptRenderedArgs builds the three programs and runs each

@@ -77,16 +77,16 @@ func Manifests() []Manifest {
 	return []Manifest{
 		{
 			File:        "gpuslice.yaml",
-			Description: "gpuslice with the chart's default values: exporter DaemonSet and tuner (restart mode, NVIDIA's static device plugin in kube-system).",
+			Description: "gpuslice with the chart's default values: exporter DaemonSet and tuner (restart mode, NVIDIA's static device plugin in kube-system) in dry run: it writes nothing until tuner.yaml says dryRun: false.",
 		},
 		{
 			File:        "gpuslice-plugin.yaml",
-			Description: "gpuslice with its own device plugin: exporter, gpuslice-plugin DaemonSet, and the tuner in plugin mode.",
+			Description: "gpuslice with its own device plugin: exporter, gpuslice-plugin DaemonSet, and the tuner in plugin mode, in dry run until tuner.yaml says dryRun: false.",
 			Args:        []string{"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin"},
 		},
 		{
 			File:        "gpuslice-k3s.yaml",
-			Description: "gpuslice on k3s with the NVIDIA Container Toolkit: the defaults plus runtimeClassName nvidia.",
+			Description: "gpuslice on k3s with the NVIDIA Container Toolkit: the defaults (tuner in dry run) plus runtimeClassName nvidia.",
 			Args:        []string{"--set", "runtimeClassName=nvidia"},
 		},
 		{
