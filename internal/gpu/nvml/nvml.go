@@ -6,13 +6,26 @@
 // Init returns ERROR_LIBRARY_NOT_FOUND and any further call kills the
 // process. New therefore calls Init first and nothing else when it fails.
 //
-// Per GPU, a reading needs the UUID and the memory information: if either
-// call fails the GPU goes to Snapshot.Failed for that reading and the other
-// GPUs still come back. Every other reading (name, utilization,
-// temperature, power, compute and graphics process lists, per-process
-// utilization) is optional: ERROR_NOT_SUPPORTED leaves it zero (or empty)
-// without failing the GPU; any other error fails the GPU too, since a GPU
-// that answers some calls wrongly should not publish half a reading.
+// Per GPU, a reading needs the handle, the UUID and the memory information:
+// if any of those calls fails the GPU goes to Snapshot.Failed for that
+// reading and the other GPUs still come back. Every other reading (name,
+// utilization, temperature, power, compute and graphics process lists,
+// per-process utilization) is optional: when it fails it is left zero (or
+// empty) for that snapshot and the GPU still comes back, because one
+// reading the driver cannot give (a power sensor answering ERROR_UNKNOWN)
+// says nothing about whether the GPU can run work, and the device plugin
+// marks a failed GPU unhealthy. A failing optional reading is logged once
+// per GPU and reading until it answers again; ERROR_NOT_SUPPORTED is not
+// logged at all. The exception is a return saying the GPU itself is gone
+// or unusable (ERROR_GPU_IS_LOST, ERROR_GPU_NOT_FOUND, ERROR_RESET_REQUIRED,
+// and the driver being unloaded or replaced under the process): from any
+// call it fails the GPU.
+//
+// Per-process SM utilization comes from the samples NVML kept since the
+// previous reading. When there are none (ERROR_NOT_FOUND), no process ran
+// a kernel in that time, so every process reads 0 with
+// HasSMUtilization set; only a GPU that cannot give samples at all
+// (ERROR_NOT_SUPPORTED), or a failed call, leaves processes without one.
 //
 // Xid events are read by a goroutine waiting on an NVML event set with
 // EventTypeXidCriticalError registered on every GPU that supports it.
@@ -60,6 +73,9 @@ type Backend struct {
 	// timestamp read, so that each reading asks only for newer samples.
 	mu       sync.Mutex
 	lastSeen map[string]uint64
+	// failing holds the optional readings that failed at their last try
+	// and have been logged, so that a lasting failure is logged once.
+	failing map[reading]bool
 
 	events nvml.EventSet // nil when no GPU reports Xid events
 	// xidGPUs maps the UUID of each GPU registered on events to its index;
@@ -89,6 +105,7 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 		lib:      lib,
 		log:      opts.Logger,
 		lastSeen: make(map[string]uint64),
+		failing:  make(map[reading]bool),
 		xidGPUs:  make(map[string]int),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -153,16 +170,68 @@ func (e *callError) Error() string { return e.call + ": " + e.ret.Error() }
 // Unwrap lets errors.Is match the NVML return (nvml.Return is an error).
 func (e *callError) Unwrap() error { return e.ret }
 
-// optional turns a NOT_SUPPORTED return into "no value" and any other
-// failure into an error.
-func optional(call string, ret nvml.Return) (ok bool, err error) {
+// The optional readings, named as in logs and errors.
+const (
+	callName        = "get name"
+	callUtilization = "get utilization"
+	callTemperature = "get temperature"
+	callPower       = "get power usage"
+	callCompute     = "get compute processes"
+	callGraphics    = "get graphics processes"
+	callProcessUtil = "get process utilization"
+)
+
+// reading is one optional reading of one GPU.
+type reading struct {
+	uuid, call string
+}
+
+// gpuGone reports whether a return says the GPU (or the driver under it) is
+// gone or unusable, rather than that one reading could not be taken.
+func gpuGone(ret nvml.Return) bool {
 	switch ret {
-	case nvml.SUCCESS:
+	case nvml.ERROR_GPU_IS_LOST, nvml.ERROR_GPU_NOT_FOUND, nvml.ERROR_RESET_REQUIRED,
+		nvml.ERROR_DRIVER_NOT_LOADED, nvml.ERROR_LIB_RM_VERSION_MISMATCH, nvml.ERROR_UNINITIALIZED:
+		return true
+	}
+	return false
+}
+
+// optional judges the return of an optional reading: ok when it gave a
+// value, an error (failing the GPU) only when the GPU is gone. Any other
+// failure leaves the reading empty and is logged when it starts.
+func (b *Backend) optional(uuid, call string, ret nvml.Return) (ok bool, err error) {
+	switch {
+	case ret == nvml.SUCCESS:
+		b.answered(uuid, call)
 		return true, nil
-	case nvml.ERROR_NOT_SUPPORTED:
+	case ret == nvml.ERROR_NOT_SUPPORTED:
+		b.answered(uuid, call)
 		return false, nil
-	default:
+	case gpuGone(ret):
 		return false, &callError{call, ret}
+	}
+	k := reading{uuid, call}
+	b.mu.Lock()
+	logged := b.failing[k]
+	b.failing[k] = true
+	b.mu.Unlock()
+	if !logged {
+		b.log.Warn("nvml: GPU reading failed; left empty until it answers", "uuid", uuid, "reading", call, "error", ret.Error())
+	}
+	return false, nil
+}
+
+// answered notes that an optional reading answered, logging it if it had
+// been failing.
+func (b *Backend) answered(uuid, call string) {
+	k := reading{uuid, call}
+	b.mu.Lock()
+	logged := b.failing[k]
+	delete(b.failing, k)
+	b.mu.Unlock()
+	if logged {
+		b.log.Info("nvml: GPU reading answers again", "uuid", uuid, "reading", call)
 	}
 }
 
@@ -186,25 +255,25 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	d.MemoryTotalBytes, d.MemoryUsedBytes = mem.Total, mem.Used
 
 	name, ret := h.GetName()
-	if ok, err := optional("get name", ret); err != nil {
+	if ok, err := b.optional(d.UUID, callName, ret); err != nil {
 		return fail(err)
 	} else if ok {
 		d.Name = name
 	}
 	util, ret := h.GetUtilizationRates()
-	if ok, err := optional("get utilization", ret); err != nil {
+	if ok, err := b.optional(d.UUID, callUtilization, ret); err != nil {
 		return fail(err)
 	} else if ok {
 		d.Utilization = min(float64(util.Gpu)/100, 1)
 	}
 	temp, ret := h.GetTemperature(nvml.TEMPERATURE_GPU)
-	if ok, err := optional("get temperature", ret); err != nil {
+	if ok, err := b.optional(d.UUID, callTemperature, ret); err != nil {
 		return fail(err)
 	} else if ok {
 		d.TemperatureCelsius = float64(temp)
 	}
 	mw, ret := h.GetPowerUsage()
-	if ok, err := optional("get power usage", ret); err != nil {
+	if ok, err := b.optional(d.UUID, callPower, ret); err != nil {
 		return fail(err)
 	} else if ok {
 		d.PowerWatts = float64(mw) / 1000
@@ -225,7 +294,8 @@ const notAvailable = ^uint64(0)
 // readProcesses merges the compute and graphics process lists (a process
 // with both kinds of context is listed in both, each time with its whole
 // memory, so it counts once with the larger figure) and adds each process's
-// newest SM sample.
+// newest SM sample. Its error is a GPU that is gone; a list or the samples
+// that cannot be read are left out.
 func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, error) {
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
@@ -242,15 +312,17 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, erro
 		}
 	}
 	compute, ret := h.GetComputeRunningProcesses()
-	if _, err := optional("get compute processes", ret); err != nil {
+	if ok, err := b.optional(uuid, callCompute, ret); err != nil {
 		return nil, err
+	} else if ok {
+		add(compute)
 	}
-	add(compute)
 	graphics, ret := h.GetGraphicsRunningProcesses()
-	if _, err := optional("get graphics processes", ret); err != nil {
+	if ok, err := b.optional(uuid, callGraphics, ret); err != nil {
 		return nil, err
+	} else if ok {
+		add(graphics)
 	}
-	add(graphics)
 	if len(procs) == 0 {
 		return nil, nil
 	}
@@ -260,20 +332,21 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, erro
 	since := b.lastSeen[uuid]
 	b.mu.Unlock()
 	samples, ret := h.GetProcessUtilization(since)
-	switch ret {
-	case nvml.SUCCESS:
-	case nvml.ERROR_NOT_FOUND, nvml.ERROR_NOT_SUPPORTED:
-		// No sample since the last reading: no process has run a kernel.
-		return procs, nil
-	case nvml.ERROR_INSUFFICIENT_SIZE:
-		// go-nvml returns this, with no samples, when NVML sized the
-		// sample buffer at zero.
-		if len(samples) == 0 {
-			return procs, nil
+	// go-nvml returns ERROR_INSUFFICIENT_SIZE with no samples when NVML
+	// sized the sample buffer at zero: no samples, as ERROR_NOT_FOUND says.
+	if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0 {
+		b.answered(uuid, callProcessUtil)
+		// No sample since the last reading: no process has run a kernel
+		// since, which is an SM utilization of 0, not an unknown one.
+		for j := range procs {
+			procs[j].HasSMUtilization = true
 		}
-		fallthrough
-	default:
-		return nil, &callError{"get process utilization", ret}
+		return procs, nil
+	}
+	if ok, err := b.optional(uuid, callProcessUtil, ret); err != nil {
+		return nil, err
+	} else if !ok {
+		return procs, nil
 	}
 	newest := since
 	latest := make(map[int]nvml.ProcessUtilizationSample, len(samples))

@@ -188,16 +188,21 @@ func TestSnapshot(t *testing.T) {
 	}
 
 	// The next reading asks for samples newer than the newest one seen;
-	// with none, no process has an SM figure.
+	// with none (ERROR_NOT_FOUND), no process ran a kernel since: every
+	// process reads 0, which is a figure, not a missing one.
 	got = snapshot(t, b)
 	calls := g0.GetProcessUtilizationCalls()
 	if len(calls) != 2 || calls[0].V != 0 || calls[1].V != 2000 {
 		t.Errorf("GetProcessUtilization calls %+v, want lastSeen 0 then 2000", calls)
 	}
-	for _, p := range got.Devices[0].Processes {
-		if p.HasSMUtilization {
-			t.Errorf("second reading: process %d has an SM sample %v, NVML gave none", p.PID, p.SMUtilization)
-		}
+	wantIdle := []gpu.Process{
+		{PID: 100, UsedMemoryBytes: 3 * gib, HasSMUtilization: true},
+		{PID: 200, UsedMemoryBytes: 0, HasSMUtilization: true},
+		{PID: 300, UsedMemoryBytes: 2 * gib, HasSMUtilization: true},
+		{PID: 400, UsedMemoryBytes: gib / 2, HasSMUtilization: true},
+	}
+	if diff := cmp.Diff(wantIdle, got.Devices[0].Processes); diff != "" {
+		t.Errorf("second reading, no samples since the first (-want +got):\n%s", diff)
 	}
 	// GPUs without processes are not asked for process utilization.
 	if c := n.gpus[1].GetProcessUtilizationCalls(); len(c) != 0 {
@@ -244,21 +249,25 @@ func TestOneGPUFails(t *testing.T) {
 			wantErr: nvml.ERROR_GPU_IS_LOST,
 		},
 		{
-			name: "compute processes fail",
+			name: "temperature: GPU lost",
 			breakIt: func(_ *node, g *dgxa100.Device) {
-				g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NO_PERMISSION }
+				g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_GPU_IS_LOST }
 			},
-			wantErr: nvml.ERROR_NO_PERMISSION, wantUUID: true,
+			wantErr: nvml.ERROR_GPU_IS_LOST, wantUUID: true,
 		},
 		{
-			name: "temperature fails otherwise than unsupported",
+			name: "temperature fails otherwise than unsupported: kept, no temperature",
 			breakIt: func(_ *node, g *dgxa100.Device) {
 				g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
 			},
-			wantErr: nvml.ERROR_UNKNOWN, wantUUID: true,
+			check: func(t *testing.T, d gpu.Device) {
+				if d.TemperatureCelsius != 0 || d.PowerWatts != 100.75 || d.MemoryUsedBytes != 3*gib {
+					t.Errorf("GPU 3 = %+v; want temperature 0 and the other readings intact", d)
+				}
+			},
 		},
 		{
-			name: "process utilization fails otherwise than no samples",
+			name: "process utilization: GPU lost",
 			breakIt: func(_ *node, g *dgxa100.Device) {
 				g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 					return []nvml.ProcessInfo{{Pid: 1, UsedGpuMemory: 1}}, nvml.SUCCESS
@@ -330,6 +339,233 @@ func TestOneGPUFails(t *testing.T) {
 				if d.Index != want || d.UUID != n.gpus[want].UUID || d.MemoryUsedBytes != uint64(want)*gib {
 					t.Errorf("Devices[%d] = index %d %s used %d; want GPU %d intact", j, d.Index, d.UUID, d.MemoryUsedBytes, want)
 				}
+			}
+		})
+	}
+}
+
+// reading is one optional NVML reading of a GPU: how to make it return
+// ret, and what the GPU reads when that reading gives nothing.
+type reading struct {
+	name  string // the call name the backend logs
+	fail  func(g *dgxa100.Device, ret nvml.Return)
+	blank func(d *gpu.Device)
+}
+
+// optionalReadings are the readings a GPU comes back without. GPU 3 of
+// busyNode runs PID 7 (compute, with an SM sample) and PID 8 (graphics).
+var optionalReadings = []reading{
+	{"get name", func(g *dgxa100.Device, ret nvml.Return) {
+		g.GetNameFunc = func() (string, nvml.Return) { return "", ret }
+	}, func(d *gpu.Device) { d.Name = "" }},
+	{"get utilization", func(g *dgxa100.Device, ret nvml.Return) {
+		g.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, ret }
+	}, func(d *gpu.Device) { d.Utilization = 0 }},
+	{"get temperature", func(g *dgxa100.Device, ret nvml.Return) {
+		g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, ret }
+	}, func(d *gpu.Device) { d.TemperatureCelsius = 0 }},
+	{"get power usage", func(g *dgxa100.Device, ret nvml.Return) {
+		g.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, ret }
+	}, func(d *gpu.Device) { d.PowerWatts = 0 }},
+	{"get compute processes", func(g *dgxa100.Device, ret nvml.Return) {
+		g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, ret }
+	}, func(d *gpu.Device) { d.Processes = []gpu.Process{{PID: 8, UsedMemoryBytes: gib}} }},
+	{"get graphics processes", func(g *dgxa100.Device, ret nvml.Return) {
+		g.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, ret }
+	}, func(d *gpu.Device) { d.Processes = d.Processes[:1] }},
+	{"get process utilization", func(g *dgxa100.Device, ret nvml.Return) {
+		g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) { return nil, ret }
+	}, func(d *gpu.Device) { d.Processes[0].SMUtilization, d.Processes[0].HasSMUtilization = 0, false }},
+}
+
+// busyNode is newNode with processes on GPU 3, so that every optional
+// reading of it has something to give.
+func busyNode(t testing.TB) (*node, gpu.Device) {
+	n := newNode(t)
+	g := n.gpus[3]
+	g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: 7, UsedGpuMemory: 2 * gib}}, nvml.SUCCESS
+	}
+	g.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: 8, UsedGpuMemory: gib}}, nvml.SUCCESS
+	}
+	g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		return []nvml.ProcessUtilizationSample{{Pid: 7, TimeStamp: 10, SmUtil: 60}}, nvml.SUCCESS
+	}
+	return n, gpu.Device{
+		Index: 3, UUID: g.UUID, Name: g.Config.Name, MemoryTotalBytes: 40 * gib, MemoryUsedBytes: 3 * gib,
+		Utilization: 0.3, TemperatureCelsius: 43, PowerWatts: 100.75,
+		Processes: []gpu.Process{
+			{PID: 7, UsedMemoryBytes: 2 * gib, SMUtilization: 0.6, HasSMUtilization: true},
+			{PID: 8, UsedMemoryBytes: gib},
+		},
+	}
+}
+
+// TestOptionalReadingFails: an optional reading that errors leaves only
+// that reading empty and keeps the GPU (the device plugin would otherwise
+// mark it unhealthy for as long as, say, its power sensor misbehaves);
+// a return saying the GPU is gone fails the GPU from any call.
+func TestOptionalReadingFails(t *testing.T) {
+	for _, r := range optionalReadings {
+		for _, ret := range []nvml.Return{nvml.ERROR_UNKNOWN, nvml.ERROR_NO_PERMISSION, nvml.ERROR_TIMEOUT, nvml.ERROR_GPU_IS_LOST, nvml.ERROR_GPU_NOT_FOUND} {
+			fatal := ret == nvml.ERROR_GPU_IS_LOST || ret == nvml.ERROR_GPU_NOT_FOUND
+			t.Run(r.name+"/"+ret.Error(), func(t *testing.T) {
+				n, want := busyNode(t)
+				r.fail(n.gpus[3], ret)
+				s := snapshot(t, n.open(t))
+				if fatal {
+					if len(s.Failed) != 1 || s.Failed[0].Index != 3 || !errors.Is(&s.Failed[0], ret) || len(s.Devices) != 7 {
+						t.Fatalf("Failed = %v with %d devices; want GPU 3 failed wrapping %v", s.Failed, len(s.Devices), ret)
+					}
+					if !strings.Contains(s.Failed[0].Error(), r.name) {
+						t.Errorf("failure %q does not name the call %q", s.Failed[0].Error(), r.name)
+					}
+					return
+				}
+				if len(s.Failed) != 0 || len(s.Devices) != 8 {
+					t.Fatalf("Failed = %v with %d devices; want all 8 kept", s.Failed, len(s.Devices))
+				}
+				r.blank(&want)
+				if diff := cmp.Diff(want, s.Devices[3]); diff != "" {
+					t.Errorf("GPU 3 (-want +got):\n%s", diff)
+				}
+			})
+		}
+	}
+}
+
+// syncBuffer is a log destination read while the backend may write.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// count returns how many log lines contain every one of parts.
+func (b *syncBuffer) count(parts ...string) int {
+	n := 0
+	for _, line := range strings.Split(b.String(), "\n") {
+		match := true
+		for _, p := range parts {
+			match = match && strings.Contains(line, p)
+		}
+		if match && line != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestOptionalReadingFailureLoggedOnce: a reading that keeps failing is
+// logged once per GPU and reading, again only after it has answered.
+func TestOptionalReadingFailureLoggedOnce(t *testing.T) {
+	n := newNode(t)
+	var logs syncBuffer
+	b, err := nvmlbackend.New(n, nvmlbackend.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), XidPollTimeout: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	g3, g4 := n.gpus[3], n.gpus[4]
+	var mu sync.Mutex
+	powerRet := nvml.ERROR_UNKNOWN
+	g3.GetPowerUsageFunc = func() (uint32, nvml.Return) {
+		mu.Lock()
+		defer mu.Unlock()
+		return 0, powerRet
+	}
+	g4.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+	g4.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_NO_PERMISSION }
+	// An unsupported reading is normal, and never logged.
+	n.gpus[5].GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+
+	warned := func(g *dgxa100.Device, reading string) int {
+		return logs.count("level=WARN", g.UUID, `reading="`+reading+`"`)
+	}
+	recovered := func(g *dgxa100.Device, reading string) int {
+		return logs.count("level=INFO", g.UUID, `reading="`+reading+`"`)
+	}
+	for range 3 {
+		if s := snapshot(t, b); len(s.Failed) != 0 {
+			t.Fatalf("Failed = %v", s.Failed)
+		}
+	}
+	if w3, w4p, w4t := warned(g3, "get power usage"), warned(g4, "get power usage"), warned(g4, "get temperature"); w3 != 1 || w4p != 1 || w4t != 1 {
+		t.Errorf("after 3 readings: warnings GPU 3 power %d, GPU 4 power %d, GPU 4 temperature %d; want 1 each\n%s", w3, w4p, w4t, logs.String())
+	}
+	if c := logs.count("ERROR_UNKNOWN", g3.UUID); c != 1 {
+		t.Errorf("the warning names the NVML error %d times, want 1", c)
+	}
+	if c := logs.count(n.gpus[5].UUID); c != 0 {
+		t.Errorf("an unsupported reading was logged %d times", c)
+	}
+
+	// setPower changes GPU 3's power reading, then reads twice.
+	setPower := func(ret nvml.Return) {
+		mu.Lock()
+		powerRet = ret
+		mu.Unlock()
+		snapshot(t, b)
+		snapshot(t, b)
+	}
+	setPower(nvml.SUCCESS)
+	if r := recovered(g3, "get power usage"); r != 1 {
+		t.Errorf("GPU 3 power answering again logged %d times, want 1", r)
+	}
+	setPower(nvml.ERROR_UNKNOWN)
+	if w := warned(g3, "get power usage"); w != 2 {
+		t.Errorf("GPU 3 power failing again: %d warnings in all, want 2", w)
+	}
+	if w := warned(g4, "get power usage"); w != 1 {
+		t.Errorf("GPU 4 power, failing all along: %d warnings, want 1", w)
+	}
+}
+
+// TestProcessUtilizationWithoutSamples: no sample since the last reading
+// means every process ran no kernel, 0; a GPU that cannot give samples,
+// or a failed call, leaves the processes without a figure.
+func TestProcessUtilizationWithoutSamples(t *testing.T) {
+	tests := []struct {
+		name    string
+		samples []nvml.ProcessUtilizationSample
+		ret     nvml.Return
+		wantHas bool
+	}{
+		{"not found: no process ran a kernel", nil, nvml.ERROR_NOT_FOUND, true},
+		{"zero-sized sample buffer", []nvml.ProcessUtilizationSample{}, nvml.ERROR_INSUFFICIENT_SIZE, true},
+		{"not supported", nil, nvml.ERROR_NOT_SUPPORTED, false},
+		{"failed", nil, nvml.ERROR_UNKNOWN, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			g := n.gpus[2]
+			g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+				return []nvml.ProcessInfo{{Pid: 11, UsedGpuMemory: gib}, {Pid: 12, UsedGpuMemory: 2 * gib}}, nvml.SUCCESS
+			}
+			g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) { return tc.samples, tc.ret }
+			s := snapshot(t, n.open(t))
+			if len(s.Failed) != 0 {
+				t.Fatalf("Failed = %v", s.Failed)
+			}
+			want := []gpu.Process{
+				{PID: 11, UsedMemoryBytes: gib, HasSMUtilization: tc.wantHas},
+				{PID: 12, UsedMemoryBytes: 2 * gib, HasSMUtilization: tc.wantHas},
+			}
+			if diff := cmp.Diff(want, s.Devices[2].Processes); diff != "" {
+				t.Errorf("processes (-want +got):\n%s", diff)
 			}
 		})
 	}
