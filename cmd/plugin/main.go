@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -75,7 +76,7 @@ func parseFlags(args []string) (*options, error) {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
@@ -84,12 +85,14 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string) error {
+// run runs the program until ctx ends or a part of it fails; it logs to
+// logOut.
+func run(ctx context.Context, args []string, logOut io.Writer) error {
 	o, err := parseFlags(args)
 	if err != nil {
 		return err
 	}
-	log, err := o.log.Logger(os.Stderr)
+	log, err := o.log.Logger(logOut)
 	if err != nil {
 		return err
 	}
@@ -131,10 +134,17 @@ func run(ctx context.Context, args []string) error {
 	defer cancel()
 	served := make(chan error, 1)
 	go func() {
-		served <- serve.Run(ctx, serve.Options{
+		err := serve.Run(ctx, serve.Options{
 			Name: "gpuslice-plugin", Description: "Kubelet device plugin for time-sliced NVIDIA GPUs with live replica changes",
 			ListenAddress: o.listen, MetricsPath: o.metricsPath, WebConfigFile: o.webConfig, Registry: reg, Logger: log,
 		})
+		if err != nil && ctx.Err() == nil {
+			// A plugin nobody can scrape hides its reload failures and
+			// unhealthy GPUs: stop, so that the pod restarts and says why.
+			log.Error("metrics server failed; stopping", "address", o.listen, "err", err)
+			cancel()
+		}
+		served <- err
 	}()
 	log.Info("gpuslice-plugin starting", "device_plugin_dir", o.pluginDir, "config_source", o.source, "backend", o.backend, "policy", policy)
 	err = p.Run(ctx)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,7 +42,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--config.source=kubernetes", "--config.configmap=gpu/cfg", "--node-name="}, "needs --node-name"},
 		{[]string{"--gpu.backend=sim"}, "needs --sim.file"},
 	} {
-		err := run(t.Context(), tc.args)
+		err := run(t.Context(), tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("run(%q) = %v, want an error containing %q", tc.args, err, tc.want)
 		}
@@ -109,7 +110,7 @@ func TestRunOnSimulatedNode(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--gpu.backend=sim", "--sim.file=" + simFile, "--config-file=" + cfg,
-			"--device-plugin.path=" + dir, "--kubelet.pod-resources-socket=", "--web.listen-address=" + addr, "--log.level=warn"})
+			"--device-plugin.path=" + dir, "--kubelet.pod-resources-socket=", "--web.listen-address=" + addr, "--log.level=warn"}, t.Output())
 	}()
 	select {
 	case devs := <-reg.lists:
@@ -149,5 +150,60 @@ func TestRunOnSimulatedNode(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "gpuslice-nvidia.com-gpu.sock")); !os.IsNotExist(err) {
 		t.Errorf("socket left behind after shutdown: %v", err)
+	}
+}
+
+// syncBuffer collects the program's log while it runs.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestMetricsPortTaken: a metrics server that cannot listen stops the
+// program with an error naming the address, and says so in the log,
+// rather than leaving a plugin running that nobody can see.
+func TestMetricsPortTaken(t *testing.T) {
+	dir, err := os.MkdirTemp("", "gspm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	simFile := filepath.Join(t.TempDir(), "node.yaml")
+	gputest.WriteSimFile(t, simFile, gputest.GPU(gputest.UUID(0), gputest.A6000MemoryBytes))
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { taken.Close() })
+	addr := taken.Addr().String()
+
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(t.Context(), []string{"--gpu.backend=sim", "--sim.file=" + simFile, "--device-plugin.path=" + dir,
+			"--kubelet.pod-resources-socket=", "--web.listen-address=" + addr}, &logs)
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), addr) {
+			t.Errorf("run = %v, want an error naming %s", err, addr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run still running 20 s after its metrics server failed")
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, addr) {
+		t.Errorf("the log does not report the failing metrics server on %s:\n%s", addr, l)
 	}
 }
