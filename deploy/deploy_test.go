@@ -120,6 +120,10 @@ func valueSets() []valueSet {
 			"--set", "exporter.kubeletInsecureSkipTLSVerify=true",
 			"--set", "exporter.rbac.nodesProxy=true",
 			"--set", "exporter.webConfig.basic_auth_users.prometheus=$2y$10$abcdefghijklmnopqrstuv",
+			// Basic auth without TLS: the tuner still scrapes over http.
+			"--set-json", `tuner.config.signals.exporters.httpClient={"basic_auth":{"username":"prometheus","password_file":"/etc/gpuslice-client/password"}}`,
+			"--set-json", `tuner.extraVolumes=[{"name":"client","secret":{"secretName":"kcm-client"}}]`,
+			"--set-json", `tuner.extraVolumeMounts=[{"name":"client","mountPath":"/etc/gpuslice-client","readOnly":true}]`,
 			"--set", "exporter.oom.patterns={CUDA error: out of memory}",
 			"--set", "exporter.podAnnotations.example\\.com/team=ml",
 			"--set", "tuner.mode=config-manager",
@@ -130,6 +134,35 @@ func valueSets() []valueSet {
 			"--set", "gpuNodeSelector.nvidia\\.com/gpu\\.present=null",
 			"--set", "gpuNodeSelector.gpu=rtx-a6000",
 		}},
+		{name: "exporter-tls-servicemonitor", release: "tls", namespace: "gpu-tls", args: slices.Concat(exporterTLSArgs(),
+			[]string{"--set", "monitoring.serviceMonitor.enabled=true"},
+			monitorTLSArgs("serviceMonitor"))},
+		{name: "exporter-tls-podmonitor", release: "tlspm", namespace: "gpu-tlspm", args: slices.Concat(exporterTLSArgs(),
+			[]string{"--set", "monitoring.podMonitor.enabled=true", "--set", "plugin.enabled=true"},
+			monitorTLSArgs("podMonitor"))},
+	}
+}
+
+// exporterTLSArgs serve the exporter over TLS with basic auth and give the
+// tuner what it needs to scrape it: https, the CA, a server name the
+// certificate has (the tuner dials pod IPs) and a password, from a Secret.
+func exporterTLSArgs() []string {
+	return []string{
+		"--set-json", `exporter.webConfig={"tls_server_config":{"cert_file":"/etc/gpuslice/tls/tls.crt","key_file":"/etc/gpuslice/tls/tls.key"},"basic_auth_users":{"prometheus":"$2y$10$abcdefghijklmnopqrstuv"}}`,
+		"--set-json", `exporter.extraVolumes=[{"name":"tls","secret":{"secretName":"exporter-tls"}}]`,
+		"--set-json", `exporter.extraVolumeMounts=[{"name":"tls","mountPath":"/etc/gpuslice/tls","readOnly":true}]`,
+		"--set", "tuner.config.signals.exporters.scheme=https",
+		"--set-json", `tuner.config.signals.exporters.httpClient={"tls_config":{"ca_file":"/etc/gpuslice-client/ca.crt","server_name":"gpuslice-exporter"},"basic_auth":{"username":"prometheus","password_file":"/etc/gpuslice-client/password"}}`,
+		"--set-json", `tuner.extraVolumes=[{"name":"client","secret":{"secretName":"tuner-client"}}]`,
+		"--set-json", `tuner.extraVolumeMounts=[{"name":"client","mountPath":"/etc/gpuslice-client","readOnly":true}]`,
+	}
+}
+
+// monitorTLSArgs set the exporter monitor's endpoint to match
+// exporterTLSArgs (kind serviceMonitor or podMonitor).
+func monitorTLSArgs(kind string) []string {
+	return []string{
+		"--set-json", "monitoring." + kind + `.endpoint.exporter={"scheme":"https","tlsConfig":{"ca":{"secret":{"name":"exporter-tls","key":"ca.crt"}},"serverName":"gpuslice-exporter"},"basicAuth":{"username":{"name":"scrape","key":"username"},"password":{"name":"scrape","key":"password"}}}`,
 	}
 }
 
@@ -174,6 +207,17 @@ func TestTemplateRejectsBadValues(t *testing.T) {
 		{"unknown tuner mode", []string{"--set", "tuner.mode=live"}, `tuner.mode "live"`},
 		{"unknown pods source", []string{"--set", "exporter.podsSource=cri"}, `exporter.podsSource "cri"`},
 		{"plugin mode without the plugin", []string{"--set", "tuner.mode=plugin"}, "needs plugin.enabled=true"},
+		{"exporter TLS, tuner on http", []string{"--set", "exporter.webConfig.tls_server_config.cert_file=/c", "--set", "exporter.webConfig.tls_server_config.key_file=/k"},
+			"set tuner.config.signals.exporters.scheme=https"},
+		{"exporter basic auth, tuner without credentials", []string{"--set", "exporter.webConfig.basic_auth_users.p=x"},
+			"set tuner.config.signals.exporters.httpClient.basic_auth"},
+		{"exporter TLS, ServiceMonitor on http", slices.Concat(exporterTLSArgs(), []string{"--set", "monitoring.serviceMonitor.enabled=true"}),
+			"set monitoring.serviceMonitor.endpoint.exporter.scheme=https"},
+		{"exporter basic auth, PodMonitor without credentials", slices.Concat(exporterTLSArgs(),
+			[]string{"--set", "monitoring.podMonitor.enabled=true", "--set", "monitoring.podMonitor.endpoint.exporter.scheme=https"}),
+			"set monitoring.podMonitor.endpoint.exporter.basicAuth"},
+		{"monitor endpoint repeats a key the chart sets", []string{"--set", "monitoring.serviceMonitor.endpoint.tuner.interval=5s"},
+			"monitoring.serviceMonitor.endpoint.tuner.interval: the chart sets interval itself"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1242,4 +1286,107 @@ func TestChartREADMELinks(t *testing.T) {
 	for _, s := range staleRefs(string(data), chartPath(t), root) {
 		t.Errorf("%s: %s points at no file", readme, s)
 	}
+}
+
+// underMount reports whether path lies in a directory the workload's
+// container mounts.
+func underMount(t *testing.T, o Object, path string) bool {
+	t.Helper()
+	mounts, _ := mountsOf(t, o)
+	for dir := range mounts {
+		if strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// TestScrapersMatchWebConfig renders the exporter behind TLS and basic auth
+// (exporter.webConfig) and checks that both of its scrapers follow: the
+// exporter's monitor scrapes over https with the TLS and auth settings given,
+// the tuner's tuner.yaml (read by the tuner's own parser) says https with
+// the CA and password, and every file either side names is mounted.
+func TestScrapersMatchWebConfig(t *testing.T) {
+	h := helmBinary(t)
+	for _, tc := range []struct{ set, kind, endpoints string }{
+		{"exporter-tls-servicemonitor", "ServiceMonitor", "endpoints"},
+		{"exporter-tls-podmonitor", "PodMonitor", "podMetricsEndpoints"},
+	} {
+		t.Run(tc.set, func(t *testing.T) {
+			i := slices.IndexFunc(valueSets(), func(vs valueSet) bool { return vs.name == tc.set })
+			vs := valueSets()[i]
+			objs := render(t, h, vs)
+
+			ds := find(t, objs, "DaemonSet", vs.fullname()+"-exporter")
+			if args := strs(container(t, ds)["args"]); !slices.Contains(args, "--web.config.file=/etc/gpuslice/web/web-config.yaml") {
+				t.Errorf("%s: args %v lack --web.config.file", ds, args)
+			}
+			for _, f := range []string{"/etc/gpuslice/tls/tls.crt", "/etc/gpuslice/tls/tls.key"} {
+				if !underMount(t, ds, f) {
+					t.Errorf("%s: %s of the web config is in no mounted directory", ds, f)
+				}
+			}
+
+			monitors := kinds(objs, tc.kind)
+			if len(monitors) == 0 {
+				t.Fatalf("no %s rendered", tc.kind)
+			}
+			for _, m := range monitors {
+				ep := nested[[]any](t, m, "spec", tc.endpoints)[0].(map[string]any)
+				if !strings.HasSuffix(m.GetName(), "-exporter") {
+					// The tuner and plugin serve plain http here.
+					if ep["scheme"] != nil || ep["tlsConfig"] != nil || ep["basicAuth"] != nil {
+						t.Errorf("%s: endpoint %v has the exporter's scrape settings", m, ep)
+					}
+					continue
+				}
+				if ep["scheme"] != "https" {
+					t.Errorf("%s: scheme %v, want https", m, ep["scheme"])
+				}
+				wantTLS := map[string]any{"ca": map[string]any{"secret": map[string]any{"name": "exporter-tls", "key": "ca.crt"}}, "serverName": "gpuslice-exporter"}
+				if diff := cmp.Diff(wantTLS, ep["tlsConfig"]); diff != "" {
+					t.Errorf("%s: tlsConfig (-want +got):\n%s", m, diff)
+				}
+				if ba, _ := ep["basicAuth"].(map[string]any); ba["username"] == nil || ba["password"] == nil {
+					t.Errorf("%s: basicAuth %v, want username and password", m, ep["basicAuth"])
+				}
+				if ep["port"] != "metrics" || ep["relabelings"] == nil {
+					t.Errorf("%s: endpoint %v lost the chart's port or relabelings", m, ep)
+				}
+			}
+
+			c := tunerConfig(t, objs, vs)
+			ex := c.Signals.Exporters
+			if ex.Scheme != "https" {
+				t.Errorf("tuner.yaml signals.exporters.scheme %q, want https", ex.Scheme)
+			}
+			tlsc := ex.HTTPClient.TLSConfig
+			if tlsc.CAFile != "/etc/gpuslice-client/ca.crt" || tlsc.ServerName != "gpuslice-exporter" {
+				t.Errorf("tuner.yaml signals.exporters.httpClient.tls_config %+v, want the CA file and server name", tlsc)
+			}
+			ba := ex.HTTPClient.BasicAuth
+			if ba == nil || ba.Username != "prometheus" || ba.PasswordFile != "/etc/gpuslice-client/password" {
+				t.Errorf("tuner.yaml signals.exporters.httpClient.basic_auth %+v, want prometheus and the password file", ba)
+			}
+			d := find(t, objs, "Deployment", vs.fullname()+"-tuner")
+			for _, f := range []string{tlsc.CAFile, ba.PasswordFile} {
+				if !underMount(t, d, f) {
+					t.Errorf("%s: %s of tuner.yaml's httpClient is in no mounted directory", d, f)
+				}
+			}
+		})
+	}
+
+	// With Prometheus as the tuner's source, the tuner does not scrape the
+	// exporters and needs nothing.
+	t.Run("tuner reading prometheus", func(t *testing.T) {
+		args := []string{
+			"--set", "exporter.webConfig.tls_server_config.cert_file=/c", "--set", "exporter.webConfig.tls_server_config.key_file=/k",
+			"--set", "tuner.config.signals.source=prometheus", "--set", "tuner.config.signals.prometheus.url=http://prometheus:9090",
+		}
+		vs := valueSet{name: "prometheus-source", release: "gpuslice", namespace: "gpuslice", args: args}
+		if c := tunerConfig(t, render(t, h, vs), vs); c.Signals.Source != config.SourcePrometheus {
+			t.Errorf("signals.source %q, want prometheus", c.Signals.Source)
+		}
+	})
 }

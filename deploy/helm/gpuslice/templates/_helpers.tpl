@@ -151,4 +151,52 @@ Validation of value combinations that would render a broken install.
 {{- if and .Values.tuner.enabled (eq .Values.tuner.mode "plugin") (not .Values.plugin.enabled) }}
 {{- fail "tuner.mode=plugin needs plugin.enabled=true: nothing else reads the config the tuner writes in that mode" }}
 {{- end }}
+{{- include "gpuslice.validateScrapers" . }}
+{{- end }}
+
+{{/*
+Every scraper of the exporters must speak what exporter.webConfig serves: the
+tuner (when it scrapes them directly) and the exporter's monitor. Without
+this the install renders, and every scrape fails with a TLS handshake error
+or a 401. Also: a monitor's endpoint settings must not repeat the keys the
+chart writes itself (duplicate YAML keys).
+*/}}
+{{- define "gpuslice.validateScrapers" -}}
+{{- range $kind := list "serviceMonitor" "podMonitor" }}
+{{- $mon := index $.Values.monitoring $kind }}
+{{- range $component, $ep := ($mon.endpoint | default dict) }}
+{{- range $key := list "port" "path" "interval" "scrapeTimeout" "relabelings" }}
+{{- if hasKey ($ep | default dict) $key }}
+{{- fail (printf "monitoring.%s.endpoint.%s.%s: the chart sets %s itself (monitoring.%s.interval/scrapeTimeout for those)" $kind $component $key $key $kind) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $web := .Values.exporter.webConfig | default dict }}
+{{- if and .Values.exporter.enabled $web }}
+{{- $tls := $web.tls_server_config }}
+{{- $auth := $web.basic_auth_users }}
+{{- if and .Values.tuner.enabled (eq (include "gpuslice.tunerSource" .) "exporters") }}
+{{- $ex := dig "signals" "exporters" dict (.Values.tuner.config | default dict) }}
+{{- $hc := $ex.httpClient | default dict }}
+{{- if and $tls (ne ($ex.scheme | default "http") "https") }}
+{{- fail "exporter.webConfig has tls_server_config but the tuner scrapes the exporters over http: set tuner.config.signals.exporters.scheme=https and tuner.config.signals.exporters.httpClient.tls_config (ca_file, server_name or insecure_skip_verify)" }}
+{{- end }}
+{{- if and $auth (not (or $hc.basic_auth $hc.authorization)) }}
+{{- fail "exporter.webConfig has basic_auth_users but the tuner sends no credentials: set tuner.config.signals.exporters.httpClient.basic_auth (username, password_file)" }}
+{{- end }}
+{{- end }}
+{{- range $kind := list "serviceMonitor" "podMonitor" }}
+{{- $mon := index $.Values.monitoring $kind }}
+{{- if $mon.enabled }}
+{{- $ep := dig "exporter" dict ($mon.endpoint | default dict) }}
+{{- if and $tls (ne (lower ($ep.scheme | default "http")) "https") }}
+{{- fail (printf "exporter.webConfig has tls_server_config but the exporter's %s scrapes over http: set monitoring.%s.endpoint.exporter.scheme=https and its tlsConfig" $kind $kind) }}
+{{- end }}
+{{- if and $auth (not (or $ep.basicAuth $ep.authorization)) }}
+{{- fail (printf "exporter.webConfig has basic_auth_users but the exporter's %s sends no credentials: set monitoring.%s.endpoint.exporter.basicAuth (Secret keys of username and password)" $kind $kind) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
