@@ -1,9 +1,10 @@
 package bench
 
 import (
+	"github.com/gpuslice/gpuslice/internal/testproc"
+
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,12 +23,7 @@ import (
 // memory that grows with scrapes.
 func BenchmarkExporterRSS(b *testing.B) {
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "gpuslice-exporter")
-	build := exec.Command("go", "build", "-o", bin, "github.com/gpuslice/gpuslice/cmd/exporter")
-	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := testproc.Build(b, "cmd/exporter")
 	n, err := simnode.Big(filepath.Join(dir, "node"))
 	if err != nil {
 		b.Fatal(err)
@@ -37,12 +33,7 @@ func BenchmarkExporterRSS(b *testing.B) {
 	if err := n.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := testproc.FreeAddr(b)
 	cmd := exec.CommandContext(ctx, bin, "--web.listen-address="+addr, "--gpu.backend=sim", "--sim.file="+n.SimFile(),
 		"--path.procfs="+n.Procfs(), "--path.pod-logs="+n.PodLogs(), "--kubelet.pod-resources-socket="+n.PodResourcesSocket(),
 		"--pods.source=kubelet", "--kubelet.url="+n.KubeletURL(), "--kubelet.token-file=", "--log.level=error")

@@ -1,12 +1,10 @@
 package main
 
 import (
+	"github.com/gpuslice/gpuslice/internal/testproc"
+
 	"bytes"
 	"context"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"testing"
 )
@@ -15,18 +13,8 @@ import (
 // real exporter binary, and checks the report a user sees: the tuner raises
 // on headroom and lowers on the OOM, and the per-pod table.
 func TestDemoOnce(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "gpuslice-exporter")
-	build := exec.Command("go", "build", "-o", bin, "github.com/gpuslice/gpuslice/cmd/exporter")
-	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	bin := testproc.Build(t, "cmd/exporter")
+	addr := testproc.FreeAddr(t)
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"--once", "--exporter", bin, "--listen", addr, "--dir", t.TempDir()}, &out); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())

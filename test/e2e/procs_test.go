@@ -1,10 +1,11 @@
 package e2e
 
 import (
+	"github.com/gpuslice/gpuslice/internal/testproc"
+
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -45,15 +46,7 @@ func lookPrometheus(t *testing.T) string {
 }
 
 // freeAddr returns a loopback address with a port free at this moment.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+func freeAddr(t *testing.T) string { return testproc.FreeAddr(t) }
 
 // shortDir is a fresh directory with a short path, for unix sockets (108
 // bytes at most; t.TempDir's paths can be longer).

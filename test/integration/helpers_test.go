@@ -1,10 +1,11 @@
 package integration
 
 import (
+	"github.com/gpuslice/gpuslice/internal/testproc"
+
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,41 +21,11 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
-)
-
 // binary builds a command of this module once per test run.
-func binary(t *testing.T, pkg string) string {
-	t.Helper()
-	binOnce.Do(func() { binDir, binErr = os.MkdirTemp("", "gpuslice-bin-") })
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	out := filepath.Join(binDir, filepath.Base(pkg))
-	if _, err := os.Stat(out); err == nil {
-		return out
-	}
-	cmd := exec.Command("go", "build", "-o", out, "github.com/gpuslice/gpuslice/"+pkg)
-	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building %s: %v\n%s", pkg, err, b)
-	}
-	return out
-}
+func binary(t *testing.T, pkg string) string { return testproc.Build(t, pkg) }
 
 // freeAddr returns a loopback address with a free port.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+func freeAddr(t *testing.T) string { return testproc.FreeAddr(t) }
 
 // process is a program run for one test; its output goes to the test log
 // when the test fails.
@@ -185,15 +156,5 @@ func matches(s *dto.Metric, want map[string]string) bool {
 // fails with cond's last complaint.
 func eventually(t *testing.T, timeout time.Duration, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", timeout, msg)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testproc.Eventually(t, timeout, 100*time.Millisecond, cond)
 }

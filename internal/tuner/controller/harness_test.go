@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"github.com/gpuslice/gpuslice/internal/testproc"
+
 	"context"
 	"fmt"
 	"net/http"
@@ -196,17 +198,7 @@ func (h *harness) events() []string {
 
 func poll(t *testing.T, timeout time.Duration, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testproc.Eventually(t, timeout, 20*time.Millisecond, cond)
 }
 
 func withReason(events []string, reason string) []string {

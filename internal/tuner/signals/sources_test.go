@@ -1,14 +1,14 @@
 package signals
 
 import (
+	"github.com/gpuslice/gpuslice/internal/testproc"
+
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,38 +35,8 @@ func prometheusBinary(t *testing.T) string {
 	return p
 }
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
-}
-
 // exporterBinary builds the real gpuslice-exporter once per test run.
-func exporterBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		if buildDir, buildErr = os.MkdirTemp("", "gpuslice-tuner-signals-"); buildErr != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-o", filepath.Join(buildDir, "gpuslice-exporter"), "github.com/gpuslice/gpuslice/cmd/exporter")
-		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("building gpuslice-exporter: %w\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(buildDir, "gpuslice-exporter")
-}
+func exporterBinary(t *testing.T) string { return testproc.Build(t, "cmd/exporter") }
 
 // startProcess runs a program until the test ends; its output, kept in a
 // file, is logged if the test fails.
@@ -95,30 +65,12 @@ func startProcess(t *testing.T, bin string, args ...string) {
 	})
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testproc.FreePort(t) }
 
 // poll calls cond until it returns "" or the deadline passes.
 func poll(t *testing.T, timeout time.Duration, cond func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		msg := cond()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, msg)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testproc.Eventually(t, timeout, 100*time.Millisecond, cond)
 }
 
 // simulated is a simulated node with a real exporter on it.
