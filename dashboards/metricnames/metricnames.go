@@ -53,6 +53,8 @@ var Plugin = []string{
 	"gpuslice_plugin_reload_failures_total",
 	"gpuslice_plugin_allocations_total",
 	"gpuslice_plugin_unhealthy_gpus",
+	// Beyond DESIGN.md: 0 while a rejected config is ignored.
+	"gpuslice_plugin_config_valid",
 }
 
 // Scrape lists the series Prometheus itself writes for every scrape target;

@@ -19,7 +19,10 @@ type metrics struct {
 	p              *Plugin
 	reloads        prometheus.Counter
 	reloadFailures prometheus.Counter
-	allocations    *prometheus.CounterVec
+	// configValid is what an alert can hold on to: the failure counter
+	// stops growing while a rejected config stays in place.
+	configValid prometheus.Gauge
+	allocations *prometheus.CounterVec
 }
 
 func newMetrics(p *Plugin) *metrics {
@@ -32,6 +35,10 @@ func newMetrics(p *Plugin) *metrics {
 		reloadFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpuslice_plugin_reload_failures_total",
 			Help: "Device-plugin configs rejected (invalid, unsupported or unreadable); the last good one stays.",
+		}),
+		configValid: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gpuslice_plugin_config_valid",
+			Help: "1 when the last device-plugin config read passed validation and is in use; 0 while a rejected (invalid, unsupported or unreadable) config is ignored and the last good one stays, and before any config is read.",
 		}),
 		allocations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gpuslice_plugin_allocations_total",
@@ -46,6 +53,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unhealthyDesc
 	m.reloads.Describe(ch)
 	m.reloadFailures.Describe(ch)
+	m.configValid.Describe(ch)
 	m.allocations.Describe(ch)
 }
 
@@ -67,5 +75,6 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(unhealthy))
 	m.reloads.Collect(ch)
 	m.reloadFailures.Collect(ch)
+	m.configValid.Collect(ch)
 	m.allocations.Collect(ch)
 }

@@ -212,6 +212,7 @@ func (p *Plugin) goRun(f func()) {
 func (p *Plugin) apply(u Update) error {
 	err := p.applyConfig(u)
 	if err != nil {
+		p.metrics.configValid.Set(0)
 		p.metrics.reloadFailures.Inc()
 		p.log.Error("device-plugin config rejected; keeping the last good one", "err", err)
 	}
@@ -234,6 +235,8 @@ func (p *Plugin) applyConfig(u Update) error {
 	same := p.cfg != nil && bytes.Equal(p.cfgData, u.Data)
 	p.mu.Unlock()
 	if same {
+		// The config in use again, after a rejected one perhaps.
+		p.metrics.configValid.Set(1)
 		return nil
 	}
 	// Read the IDs in use now, not up to HeldInterval ago: a shrink must
@@ -247,6 +250,7 @@ func (p *Plugin) applyConfig(u Update) error {
 	}
 	p.cfg, p.cfgData = &cfg, bytes.Clone(u.Data)
 	p.metrics.reloads.Inc()
+	p.metrics.configValid.Set(1)
 	p.log.Info("device-plugin config applied", "origin", u.Origin, "replicas", cfg.Replicas(), "resources", len(cfg.Resources))
 	p.recomputeLocked()
 	return nil

@@ -311,21 +311,41 @@ func TestBadConfigKeptOut(t *testing.T) {
 		"version: v2\n",
 		"version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}\n",
 	}
+	if v := testutil.ToFloat64(h.plugin.metrics.configValid); v != 1 {
+		t.Errorf("config valid = %v with the first config in use, want 1", v)
+	}
 	for i, cfg := range bad {
 		h.writeConfig(cfg)
 		h.waitMetric("reload failures", h.plugin.metrics.reloadFailures, float64(i+1))
+		if v := testutil.ToFloat64(h.plugin.metrics.configValid); v != 0 {
+			t.Errorf("config valid = %v while rejected config %d is ignored, want 0", v, i)
+		}
 	}
 	if err := os.Remove(h.cfgPath); err != nil {
 		t.Fatal(err)
 	}
 	h.waitMetric("reload failures", h.plugin.metrics.reloadFailures, float64(len(bad)+1))
+	if v := testutil.ToFloat64(h.plugin.metrics.configValid); v != 0 {
+		t.Errorf("config valid = %v with the config file gone, want 0", v)
+	}
 	if got := h.kubelet.waitList(gpuRes, good); got != n {
 		t.Errorf("rejected configs changed the list: %d lists, want %d\n%s", got, n, h.kubelet.describe())
 	}
+	// Putting back the config still in use fixes it without a reload.
+	h.writeConfig(config(4))
+	h.waitMetric("config valid", h.plugin.metrics.configValid, 1)
+	if got := testutil.ToFloat64(h.plugin.metrics.reloads); got != 1 {
+		t.Errorf("reloads = %v after the same config came back, want 1", got)
+	}
+	h.writeConfig(bad[0])
+	h.waitMetric("config valid", h.plugin.metrics.configValid, 0)
 	h.writeConfig(config(2))
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
 	if got := testutil.ToFloat64(h.plugin.metrics.reloads); got != 2 {
 		t.Errorf("reloads = %v, want 2", got)
+	}
+	if v := testutil.ToFloat64(h.plugin.metrics.configValid); v != 1 {
+		t.Errorf("config valid = %v with a new good config in use, want 1", v)
 	}
 }
 
@@ -390,6 +410,9 @@ func TestMetrics(t *testing.T) {
 	h := start(t, setup{config: config(3), gpus: twoSpecs()})
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 3), ids(uuid1, 0, 3)))
 	err := testutil.GatherAndCompare(h.reg, strings.NewReader(fmt.Sprintf(`
+# HELP gpuslice_plugin_config_valid 1 when the last device-plugin config read passed validation and is in use; 0 while a rejected (invalid, unsupported or unreadable) config is ignored and the last good one stays, and before any config is read.
+# TYPE gpuslice_plugin_config_valid gauge
+gpuslice_plugin_config_valid 1
 # HELP gpuslice_plugin_replicas Device IDs the plugin advertises, per resource and GPU (replicas of a shared GPU, 1 for an exclusive one, more while IDs above a lowered count are still in use).
 # TYPE gpuslice_plugin_replicas gauge
 gpuslice_plugin_replicas{resource="nvidia.com/gpu",uuid="%s"} 3
