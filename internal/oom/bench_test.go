@@ -10,8 +10,7 @@ import (
 // a full node (110 pods, the kubelet's default limit) where nothing new was
 // logged.
 func BenchmarkScanIdle(b *testing.B) {
-	w := &world{root: b.TempDir(), now: t0}
-	w.t = &testing.T{}
+	w := &world{t: b, root: b.TempDir(), now: t0}
 	containers := make([]Container, 110)
 	for i := range containers {
 		c := Container{Namespace: "ml", Pod: fmt.Sprintf("job-%d", i), PodUID: fmt.Sprintf("uid-%d", i), Container: "main"}

@@ -20,7 +20,7 @@ var trainer = Container{Namespace: "ml", Pod: "trainer-0", PodUID: "6f1c9a3e-5b7
 
 // world is a kubelet pod log directory under t.TempDir() and a clock.
 type world struct {
-	t    *testing.T
+	t    testing.TB
 	root string
 	now  time.Time
 }
