@@ -29,6 +29,29 @@
 // History is not counted: log files that exist at the first Scan are read
 // from their end, and terminations that finished before NewDetector are
 // ignored, so restarting the exporter does not fire alerts again.
+//
+// Forgotten containers: the exporter names a container only while it holds
+// or uses a GPU (and a while after), so a pod that uses one without
+// requesting it drops out of Scan's arguments when it goes idle, and its
+// state is forgotten Config.ForgetAfter later. What is needed to not count
+// anything twice when it is named again is kept in a grave: for each of its
+// log files the device and inode, the offset read to and the line it was in
+// the middle of (its first 512 bytes, so a longer one is matched on its
+// start), and the de-duplication state of its instances already counted.
+// When it is named again, a file with the same inode is read on from that
+// offset (from 0 if the file is now shorter: truncated); a file with another
+// inode is a rotation, handled as between two Scans; an instance counted
+// before is not counted again by either source, and the collapse rule holds
+// across the gap. A container whose log directory is gone when it is
+// forgotten (its pod was deleted) keeps no files.
+//
+// Graves are bounded: at most 10,000 files and 10,000 instances (under 1 KiB
+// a file: about 8 MiB when full, under 30 MiB if every file was in the middle
+// of lines). Past either bound the containers forgotten longest ago lose their
+// graves whole: if one of them is named again, its log files are read from
+// the start and its old terminations, if they finished after NewDetector,
+// count again, as for a container never seen. Graves are dropped only then or
+// when their container is named again, so the bound is what limits them.
 package oom
 
 import (
@@ -106,11 +129,11 @@ type Config struct {
 	// container instance are one event (see the package comment). Zero means
 	// DefaultCollapseWindow.
 	CollapseWindow time.Duration
-	// ForgetAfter is how long the state of a container that no Scan has
-	// named (in containers or terms) is kept. It must outlast a gap in the
-	// exporter's pod list: a container named again after it was forgotten
-	// has its log files read again from the start. Zero means
-	// DefaultForgetAfter.
+	// ForgetAfter is how long the whole state of a container that no Scan
+	// has named (in containers or terms) is kept. After that only what
+	// "Forgotten containers" in the package comment describes is kept, so
+	// that a container named again does not count its old events again.
+	// Zero means DefaultForgetAfter.
 	ForgetAfter time.Duration
 	// Logger receives the problems that Scan skips over; nil discards them.
 	Logger *slog.Logger
@@ -139,7 +162,10 @@ type Detector struct {
 	baseline   map[string]fileMark
 	started    bool
 	containers map[Container]*containerState
-	buf        []byte // read buffer, reused across files and Scans
+	// graves keeps, for containers forgotten after ForgetAfter, what must
+	// survive until they are named again.
+	graves *graveyard
+	buf    []byte // read buffer, reused across files and Scans
 }
 
 // NewDetector checks cfg and returns a Detector whose start time, before
@@ -162,6 +188,7 @@ func NewDetector(cfg Config) (*Detector, error) {
 		log:         cfg.Logger,
 		now:         cfg.Now,
 		containers:  map[Container]*containerState{},
+		graves:      newGraveyard(maxForgottenFiles, maxForgottenInstances),
 	}
 	switch {
 	case d.maxRead < 0:
@@ -230,6 +257,7 @@ func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, e
 	}
 	for c, cs := range d.containers {
 		if now.Sub(cs.lastSeen) > d.forgetAfter {
+			d.bury(cs, readLogs)
 			delete(d.containers, c)
 		}
 	}
@@ -280,6 +308,7 @@ func (d *Detector) state(c Container, now time.Time) *containerState {
 	cs := d.containers[c]
 	if cs == nil {
 		cs = &containerState{c: c, instances: map[int]*instanceState{}}
+		d.exhume(cs)
 		d.containers[c] = cs
 	}
 	cs.lastSeen = now

@@ -146,7 +146,10 @@ func (d *Detector) scanContainer(cs *containerState, now time.Time, events []Eve
 	names, err := readDirNames(dir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
+			// Kept as they are: forgetting them would have the files read
+			// from the start once the directory can be listed again.
 			d.logf(cs, "listing container log directory", "path", dir, "err", err)
+			return events
 		}
 		// Gone (or not there yet): its files are forgotten; the de-duplication
 		// state stays until the container is no longer named.
@@ -174,7 +177,9 @@ func (d *Detector) scanContainer(cs *containerState, now time.Time, events []Eve
 
 // newStream starts following path: where the first Scan saw it end, or from
 // the beginning for a file that appeared since. A baseline mark whose inode
-// is no longer at path is a file rotated since; readStream finds it.
+// is no longer at path is a file rotated since; readStream finds it. (A
+// container named again after it was forgotten gets its streams back from
+// its grave instead, with the same handling of rotation.)
 func (d *Detector) newStream(path string, n int) *stream {
 	st := &stream{instance: n, path: path}
 	if m, ok := d.baseline[path]; ok {
