@@ -19,8 +19,9 @@ type Process struct {
 	PID             int
 	UsedMemoryBytes uint64
 	// SMUtilization is the share of the GPU's SMs this process kept busy over
-	// the last sample period, 0..1. HasSMUtilization is false where the driver
-	// gave no sample (a process that has not run a kernel recently).
+	// the last sample period, 0..1 (0 when the driver reports that no process
+	// ran a kernel in the period). HasSMUtilization is false where no figure
+	// can be had: per-process utilization unsupported, or its call failed.
 	SMUtilization    float64
 	HasSMUtilization bool
 }
