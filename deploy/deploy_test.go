@@ -6,11 +6,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -1387,6 +1390,365 @@ func TestScrapersMatchWebConfig(t *testing.T) {
 		vs := valueSet{name: "prometheus-source", release: "gpuslice", namespace: "gpuslice", args: args}
 		if c := tunerConfig(t, render(t, h, vs), vs); c.Signals.Source != config.SourcePrometheus {
 			t.Errorf("signals.source %q, want prometheus", c.Signals.Source)
+		}
+	})
+}
+
+// dockerStage is one FROM of a Dockerfile with its instructions, each
+// instruction (upper case) and the rest of its line.
+type dockerStage struct {
+	image, name string
+	instrs      [][2]string
+}
+
+// parseDockerfile splits a Dockerfile into stages, joining continued lines,
+// dropping comments, and putting the global ARG defaults into FROM.
+func parseDockerfile(data string) ([]dockerStage, error) {
+	var lines []string
+	var cur strings.Builder
+	for line := range strings.SplitSeq(data, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "" || strings.HasPrefix(trimmed, "#") {
+			continue
+		}
+		if s, ok := strings.CutSuffix(trimmed, `\`); ok {
+			cur.WriteString(s + " ")
+			continue
+		}
+		cur.WriteString(trimmed)
+		lines = append(lines, cur.String())
+		cur.Reset()
+	}
+	if cur.Len() > 0 {
+		return nil, errors.New("the last instruction ends in a line continuation")
+	}
+	args := map[string]string{}
+	var stages []dockerStage
+	for i, l := range lines {
+		instr, rest, _ := strings.Cut(l, " ")
+		instr, rest = strings.ToUpper(instr), strings.TrimSpace(rest)
+		switch {
+		case instr == "FROM":
+			f := strings.Fields(os.Expand(rest, func(k string) string { return args[k] }))
+			s := dockerStage{image: f[0]}
+			if len(f) == 3 && strings.EqualFold(f[1], "AS") {
+				s.name = f[2]
+			}
+			stages = append(stages, s)
+		case len(stages) == 0 && instr == "ARG":
+			k, v, _ := strings.Cut(rest, "=")
+			args[k] = v
+		case len(stages) == 0:
+			return nil, fmt.Errorf("instruction %d (%s) comes before the first FROM", i+1, instr)
+		default:
+			s := &stages[len(stages)-1]
+			s.instrs = append(s.instrs, [2]string{instr, rest})
+		}
+	}
+	return stages, nil
+}
+
+// all returns the arguments of every instr of s.
+func (s dockerStage) all(instr string) []string {
+	var out []string
+	for _, in := range s.instrs {
+		if in[0] == instr {
+			out = append(out, in[1])
+		}
+	}
+	return out
+}
+
+// vars returns the KEY=value pairs of the stage's ENV, ARG or LABEL
+// instructions (values unquoted, ${ARG} expanded with the stage's ARG
+// defaults).
+func (s dockerStage) vars(instr string) map[string]string {
+	args := map[string]string{}
+	pair := regexp.MustCompile(`([^\s=]+)=("[^"]*"|\S*)`)
+	collect := func(in string, into map[string]string) {
+		for _, line := range s.all(in) {
+			for _, m := range pair.FindAllStringSubmatch(line, -1) {
+				into[m[1]] = os.Expand(strings.Trim(m[2], `"`), func(k string) string { return args[k] })
+			}
+		}
+	}
+	collect("ARG", args)
+	if instr == "ARG" {
+		return args
+	}
+	out := map[string]string{}
+	collect(instr, out)
+	return out
+}
+
+// imageLayout is what the final stage of a Dockerfile installs: installed
+// path → the ./cmd package built there, the PATH, and the user.
+type imageLayout struct {
+	binaries map[string]string
+	path     []string
+	user     string
+}
+
+// layoutOf follows each `go build -o OUT ./cmd/X` of the stage named build
+// through the final stage's COPY --from=build.
+func layoutOf(stages []dockerStage) (imageLayout, error) {
+	if len(stages) < 2 {
+		return imageLayout{}, fmt.Errorf("%d stages, want a build stage and a runtime stage", len(stages))
+	}
+	built := map[string]string{}
+	goBuild := regexp.MustCompile(`go build [^&;]*?-o (\S+) (\./cmd/\S+)`)
+	for _, run := range stages[0].all("RUN") {
+		for _, m := range goBuild.FindAllStringSubmatch(run, -1) {
+			built[m[1]] = m[2]
+		}
+	}
+	final := stages[len(stages)-1]
+	l := imageLayout{binaries: map[string]string{}}
+	for _, c := range final.all("COPY") {
+		f := strings.Fields(c)
+		if len(f) != 3 || f[0] != "--from="+stages[0].name {
+			continue
+		}
+		src, dst := f[1], f[2]
+		for out, pkg := range built {
+			switch {
+			case out == src:
+				l.binaries[dst] = pkg
+			case strings.HasSuffix(src, "/") && path.Dir(out)+"/" == src:
+				l.binaries[path.Join(dst, path.Base(out))] = pkg
+			}
+		}
+	}
+	if p, ok := final.vars("ENV")["PATH"]; ok {
+		l.path = strings.Split(p, ":")
+	}
+	if u := final.all("USER"); len(u) > 0 {
+		l.user = u[len(u)-1]
+	}
+	return l, nil
+}
+
+// resolve finds the binary a container command runs, as the runtime does:
+// an absolute path as is, a bare name through PATH.
+func (l imageLayout) resolve(command string) (string, bool) {
+	if path.IsAbs(command) {
+		_, ok := l.binaries[command]
+		return command, ok
+	}
+	for _, dir := range l.path {
+		if _, ok := l.binaries[path.Join(dir, command)]; ok {
+			return path.Join(dir, command), true
+		}
+	}
+	return "", false
+}
+
+// glibcImage reports whether a runtime image has the glibc the cgo-built
+// programs link, and the Debian release it is built on.
+var glibcImage = regexp.MustCompile(`^(?:gcr\.io/distroless/(?:base|cc)-debian(\d+)|debian:(\d+|bookworm|trixie)(?:-slim)?)(?:[:@].*)?$`)
+
+func debianRelease(image string) string {
+	for name, n := range map[string]string{"bookworm": "12", "trixie": "13", "bullseye": "11"} {
+		if strings.Contains(image, name) {
+			return n
+		}
+	}
+	if m := glibcImage.FindStringSubmatch(image); m != nil {
+		return m[1] + m[2]
+	}
+	return ""
+}
+
+// TestDockerfile checks the Dockerfile, which cannot be built here (no
+// container engine), against the chart that runs its image: every command
+// the chart's containers run is a binary the image installs, built from the
+// ./cmd package of that name with cgo, on a glibc runtime image of the build
+// image's Debian release; the image's user agrees with the pods'
+// securityContexts; the build copies every package the programs import; the
+// version label is the chart's appVersion; and .dockerignore keeps what git
+// ignores out of the build context.
+func TestDockerfile(t *testing.T) {
+	root := repoRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stages, err := parseDockerfile(string(data))
+	if err != nil {
+		t.Fatalf("Dockerfile: %v", err)
+	}
+	layout, err := layoutOf(stages)
+	if err != nil {
+		t.Fatalf("Dockerfile: %v", err)
+	}
+	build, final := stages[0], stages[len(stages)-1]
+
+	t.Run("a wrong layout is caught", func(t *testing.T) {
+		bad, err := parseDockerfile("FROM golang:1.26-bookworm AS build\nRUN go build -o /out/x ./cmd/x\nFROM scratch\nCOPY --from=build /out/x /bin/x\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := layoutOf(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := l.resolve("x"); ok {
+			t.Errorf("x resolved to %s without a PATH", got)
+		}
+		if _, ok := l.resolve("/bin/x"); !ok {
+			t.Errorf("/bin/x not found in %v", l.binaries)
+		}
+		if glibcImage.MatchString("gcr.io/distroless/static-debian12:nonroot") || glibcImage.MatchString("alpine:3") {
+			t.Error("a runtime image without glibc passes the glibc check")
+		}
+	})
+
+	t.Run("build", func(t *testing.T) {
+		if env := build.vars("ENV"); env["CGO_ENABLED"] != "1" {
+			t.Errorf("build stage ENV %v: go-nvml needs CGO_ENABLED=1", env)
+		}
+		gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindSubmatch(gomod)
+		if goVersion == nil || !strings.HasPrefix(build.image, "golang:"+string(goVersion[1])+"-") {
+			t.Errorf("build image %s, want golang:<go.mod's go %s>-<debian>", build.image, goVersion)
+		}
+		if rb, rf := debianRelease(build.image), debianRelease(final.image); rb == "" || rb != rf {
+			t.Errorf("build image %s (Debian %q) and runtime image %s (Debian %q): the programs link the build image's glibc", build.image, rb, final.image, rf)
+		}
+		if !glibcImage.MatchString(final.image) {
+			t.Errorf("runtime image %s: the cgo-built programs need glibc (distroless base or cc, or debian)", final.image)
+		}
+		// Every ./cmd directory is built once, into gpuslice-<dir>.
+		dirs, err := filepath.Glob(filepath.Join(root, "cmd", "*", "main.go"))
+		if err != nil || len(dirs) == 0 {
+			t.Fatalf("no cmd/*/main.go (%v)", err)
+		}
+		var want, got []string
+		for _, d := range dirs {
+			want = append(want, "./cmd/"+filepath.Base(filepath.Dir(d)))
+		}
+		for bin, pkg := range layout.binaries {
+			got = append(got, pkg)
+			if path.Base(bin) != "gpuslice-"+path.Base(pkg) {
+				t.Errorf("%s is installed as %s, want gpuslice-%s", pkg, bin, path.Base(pkg))
+			}
+		}
+		slices.Sort(got)
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("packages the image installs (-cmd/ +Dockerfile):\n%s", diff)
+		}
+	})
+
+	t.Run("sources copied", func(t *testing.T) {
+		copied := map[string]bool{}
+		for _, c := range build.all("COPY") {
+			f := strings.Fields(c)
+			for _, src := range f[:len(f)-1] {
+				if !strings.HasPrefix(src, "--") {
+					copied[strings.TrimSuffix(src, "/")] = true
+				}
+			}
+		}
+		list := exec.CommandContext(t.Context(), "go", "list", "-deps", "-f", "{{if .Module}}{{if .Module.Main}}{{.ImportPath}}{{end}}{{end}}", "./cmd/...")
+		list.Dir = root
+		out, err := list.Output()
+		if err != nil {
+			t.Fatalf("go list: %v", err)
+		}
+		for _, f := range []string{"go.mod", "go.sum"} {
+			if !copied[f] {
+				t.Errorf("the build stage does not copy %s", f)
+			}
+		}
+		for imp := range strings.FieldsSeq(string(out)) {
+			rel, ok := strings.CutPrefix(imp, "github.com/gpuslice/gpuslice/")
+			if !ok {
+				continue
+			}
+			top, _, _ := strings.Cut(rel, "/")
+			if !copied[top] {
+				t.Errorf("the programs import %s, but the build stage copies only %v", imp, slices.Sorted(maps.Keys(copied)))
+			}
+		}
+	})
+
+	t.Run("labels", func(t *testing.T) {
+		labels := final.vars("LABEL")
+		if got := labels["org.opencontainers.image.version"]; got != appVersion(t) {
+			t.Errorf("label org.opencontainers.image.version %q, want the chart's appVersion %s", got, appVersion(t))
+		}
+		for _, k := range []string{"org.opencontainers.image.source", "org.opencontainers.image.title", "org.opencontainers.image.description"} {
+			if labels[k] == "" {
+				t.Errorf("no label %s (labels %v)", k, labels)
+			}
+		}
+	})
+
+	h := helmBinary(t)
+	uid, _, _ := strings.Cut(layout.user, ":")
+	imageUID, err := strconv.Atoi(uid)
+	if err != nil {
+		t.Fatalf("Dockerfile USER %q: want a numeric uid, which the kubelet can check against runAsNonRoot", layout.user)
+	}
+	commands := map[string]bool{}
+	for _, vs := range valueSets() {
+		objs := render(t, h, vs)
+		for _, o := range slices.Concat(kinds(objs, "DaemonSet"), kinds(objs, "Deployment")) {
+			t.Run("workload/"+vs.name+"/"+o.GetName(), func(t *testing.T) {
+				command := strs(container(t, o)["command"])
+				bin, ok := layout.resolve(command[0])
+				if !ok {
+					t.Fatalf("command %v: the image installs %v with PATH %v", command, slices.Sorted(maps.Keys(layout.binaries)), layout.path)
+				}
+				commands[path.Base(bin)] = true
+				sc := nested[map[string]any](t, o, "spec", "template", "spec", "securityContext")
+				runAs, ok := sc["runAsUser"].(int64)
+				if !ok {
+					t.Fatalf("pod securityContext %v sets no runAsUser: the image's USER %s would decide who reads the kubelet's files", sc, layout.user)
+				}
+				if sc["runAsNonRoot"] == true && runAs == 0 {
+					t.Errorf("runAsNonRoot with runAsUser 0: the kubelet refuses to start it")
+				}
+				if strings.HasSuffix(o.GetName(), "-tuner") && runAs != int64(imageUID) {
+					t.Errorf("the tuner runs as %d, the image's user is %d", runAs, imageUID)
+				}
+			})
+		}
+	}
+	for _, c := range []string{"gpuslice-exporter", "gpuslice-tuner", "gpuslice-plugin"} {
+		if !commands[c] {
+			t.Errorf("no value set runs %s; the check above did not cover it", c)
+		}
+	}
+
+	t.Run("dockerignore", func(t *testing.T) {
+		ignore, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		excluded := map[string]bool{}
+		for l := range strings.SplitSeq(string(ignore), "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+				excluded[strings.TrimPrefix(strings.Trim(l, "/"), "**/")] = true
+			}
+		}
+		gitignore, err := os.ReadFile(filepath.Join(root, ".gitignore"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{".git"}
+		for l := range strings.SplitSeq(string(gitignore), "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") && !strings.HasPrefix(l, "!") {
+				want = append(want, strings.Trim(l, "/"))
+			}
+		}
+		for _, w := range want {
+			if !excluded[w] {
+				t.Errorf(".dockerignore does not exclude %s (git ignores it; it has no place in the build context)", w)
+			}
 		}
 	})
 }
