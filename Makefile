@@ -8,8 +8,9 @@ export KUBEBUILDER_ASSETS ?= $(CURDIR)/.cache/bin
 BIN := bin
 COMMANDS := exporter tuner plugin
 GOTEST_FLAGS ?= -count=1 -timeout 20m
+VERSION ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' deploy/helm/gpuslice/Chart.yaml)
 
-.PHONY: help build test unit bench demo lint fmt vet dashboards manifests test-bins e2e clean
+.PHONY: help build test unit bench demo lint fmt vet dashboards manifests test-bins image clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -30,7 +31,7 @@ test: test-bins ## the whole suite: unit, integration, alerts, dashboards, chart
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) test $(GOTEST_FLAGS) ./...
 
-unit: ## fast tests only (no control plane)
+unit: ## fast tests only (-short skips the control-plane tests)
 	$(GO) test -count=1 -short ./internal/...
 
 bench: test-bins ## Go benchmarks (ns/op, B/op, allocs/op)
@@ -49,6 +50,9 @@ dashboards: ## regenerate dashboards/*.json from the Go code
 
 manifests: dashboards test-bins ## re-render deploy/manifests and the chart's copies of rules and dashboards
 	$(GO) test -count=1 ./deploy -run '^(TestChartCopies|TestManifests)$$' -update
+
+image: ## build the container image (needs a Docker engine; not built in CI here)
+	docker build --build-arg VERSION=$(VERSION) -t ghcr.io/gpuslice/gpuslice:$(VERSION) .
 
 clean:
 	rm -rf $(BIN)
