@@ -5,6 +5,7 @@
 package testproc
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -90,4 +91,25 @@ func Eventually(t testing.TB, timeout, interval time.Duration, cond func() strin
 		}
 		time.Sleep(interval)
 	}
+}
+
+// Output collects a process's stdout and stderr, written from the process's
+// copying goroutines and read by the test, so it is locked.
+type Output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write implements io.Writer.
+func (o *Output) Write(b []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(b)
+}
+
+// String returns everything written so far.
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
 }

@@ -1,15 +1,14 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"github.com/gpuslice/gpuslice/internal/testproc"
 	"log/slog"
 	"net/url"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -136,22 +135,7 @@ func (w *world) configMap(ns, name string) {
 }
 
 // logSink collects a component's output for the test log on failure.
-type logSink struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *logSink) Write(b []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(b)
-}
-
-func (s *logSink) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
+type logSink = testproc.Output
 
 // addNode starts a simulated GPU node with one RTX A6000: its fake kubelet
 // with a device-plugin directory (withPlugin) or two static replicas, and

@@ -3,7 +3,6 @@ package integration
 import (
 	"github.com/gpuslice/gpuslice/internal/testproc"
 
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,28 +29,17 @@ func freeAddr(t *testing.T) string { return testproc.FreeAddr(t) }
 // when the test fails.
 type process struct {
 	cmd *exec.Cmd
-	out *bytes.Buffer
-	mu  sync.Mutex
+	out testproc.Output
 }
 
-func (p *process) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *process) Output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
+func (p *process) Output() string { return p.out.String() }
 
 func start(t *testing.T, bin string, args ...string) *process {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &process{out: &bytes.Buffer{}}
+	p := &process{}
 	p.cmd = exec.CommandContext(ctx, bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(os.Interrupt) }
 	p.cmd.WaitDelay = 5 * time.Second
 	if err := p.cmd.Start(); err != nil {
