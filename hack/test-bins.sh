@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds (once) the real control-plane binaries the integration and e2e tests
-# run: kube-apiserver, kube-scheduler, kube-controller-manager from
-# k8s.io/kubernetes (module test/tools), and etcd (Debian's etcd-server if
+# Builds (once) the real Kubernetes binaries the integration and e2e tests
+# run: kube-apiserver, kube-scheduler, kube-controller-manager and the kubelet
+# of the real test node from k8s.io/kubernetes (module test/tools), and etcd (Debian's etcd-server if
 # installed, otherwise built from the Go module proxy). They land in
 # $GPUSLICE_ASSETS (default .cache/bin), the KUBEBUILDER_ASSETS directory envtest
 # reads. Binaries already there are kept: a cold build takes about 10 minutes
@@ -12,7 +12,7 @@ out=${GPUSLICE_ASSETS:-$root/.cache/bin}
 mkdir -p "$out"
 version=v1.37.1
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
-for cmd in kube-apiserver kube-scheduler kube-controller-manager; do
+for cmd in kube-apiserver kube-scheduler kube-controller-manager kubelet; do
   if [ ! -x "$out/$cmd" ]; then
     echo "building $cmd $version into $out (slow the first time)" >&2
     (cd "$root/test/tools" && go build -trimpath -ldflags "$ldflags" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
