@@ -28,9 +28,21 @@ var (
 // on for go-nvml.
 func Build(t testing.TB, pkg string) string {
 	t.Helper()
+	return build(t, pkg, "gpuslice-"+filepath.Base(pkg), "CGO_CFLAGS=-Wno-deprecated-declarations")
+}
+
+// BuildStatic is Build without cgo: a static binary that runs in a container
+// image holding nothing else (the real test node's workloads).
+func BuildStatic(t testing.TB, pkg string) string {
+	t.Helper()
+	return build(t, pkg, "static-"+filepath.Base(pkg), "CGO_ENABLED=0")
+}
+
+func build(t testing.TB, pkg, name string, env ...string) string {
+	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	if p, ok := built[pkg]; ok {
+	if p, ok := built[name]; ok {
 		return p
 	}
 	_, file, _, _ := runtime.Caller(0)
@@ -38,12 +50,12 @@ func Build(t testing.TB, pkg string) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(dir, "gpuslice-"+filepath.Base(pkg))
+	out := filepath.Join(dir, name)
 	// Several test binaries may build the same command at once: each
 	// builds its own file and renames it into place.
 	tmp := fmt.Sprintf("%s.%d.tmp", out, os.Getpid())
 	cmd := exec.Command("go", "build", "-o", tmp, "github.com/gpuslice/gpuslice/"+pkg)
-	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+	cmd.Env = append(os.Environ(), env...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp)
 		t.Fatalf("building %s: %v\n%s", pkg, err, b)
@@ -51,7 +63,7 @@ func Build(t testing.TB, pkg string) string {
 	if err := os.Rename(tmp, out); err != nil {
 		t.Fatal(err)
 	}
-	built[pkg] = out
+	built[name] = out
 	return out
 }
 
