@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -124,4 +125,74 @@ func (o *Output) String() string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.buf.String()
+}
+
+// Process is a program run for one test. Its output is kept and, when the
+// test fails, the end of it goes to the test log.
+type Process struct {
+	Name string
+	Cmd  *exec.Cmd
+	out  Output
+	done chan struct{}
+	err  error
+}
+
+// Output is everything the process printed so far.
+func (p *Process) Output() string { return p.out.String() }
+
+// Exited says whether the process has ended, and how.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// Stop interrupts the process (SIGINT, killed after 10 s) and waits for it.
+func (p *Process) Stop() error {
+	_ = p.Cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.Cmd.Process.Kill()
+		<-p.done
+	}
+	return p.err
+}
+
+// Start runs bin with args and extra environment (added to this process's)
+// until the test ends or Stop; t.Cleanup stops it and, when the test failed,
+// logs the end of its output.
+func Start(t testing.TB, name string, env []string, bin string, args ...string) *Process {
+	t.Helper()
+	p := &Process{Name: name, done: make(chan struct{})}
+	p.Cmd = exec.Command(bin, args...)
+	p.Cmd.Env = append(os.Environ(), env...)
+	p.Cmd.Stdout, p.Cmd.Stderr = &p.out, &p.out
+	p.Cmd.WaitDelay = 10 * time.Second
+	if err := p.Cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.Cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = p.Stop()
+		if t.Failed() {
+			t.Logf("--- %s output (last 60 lines) ---\n%s", name, Tail(p.Output(), 60))
+		}
+	})
+	return p
+}
+
+// Tail is the last n lines of s.
+func Tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
