@@ -22,7 +22,8 @@ build: ## build bin/gpuslice-{exporter,tuner,plugin}
 demo: build ## run the exporter on a simulated GPU node (no GPU, no cluster)
 	$(GO) run ./test/demo --exporter $(BIN)/gpuslice-exporter
 
-test-bins: ## build the real control-plane binaries, helm and NVIDIA's plugin the tests run (cached)
+test-bins: ## install the Debian packages and build the real Kubernetes binaries, helm and NVIDIA's plugin the tests run (cached)
+	@bash hack/test-deps.sh
 	@bash hack/test-bins.sh >/dev/null
 	@bash hack/helm.sh >/dev/null
 	@bash hack/nvidia-bins.sh >/dev/null
