@@ -147,6 +147,60 @@ func (n *Node) ImportImage(ctx context.Context, tag, entrypoint string, files ..
 	return nil
 }
 
+// ImportImageWithLibs is ImportImage for dynamically linked programs and
+// libraries: the shared libraries each "SRC=DEST" file needs (as ldd
+// resolves them on this machine: libc, the dynamic loader, …) are added at
+// the same paths, so the image needs no base.
+func (n *Node) ImportImageWithLibs(ctx context.Context, tag, entrypoint string, files ...string) error {
+	seen := map[string]bool{}
+	for _, f := range files {
+		seen[strings.SplitN(f, "=", 2)[1]] = true
+	}
+	all := append([]string(nil), files...)
+	for _, f := range files {
+		src := strings.SplitN(f, "=", 2)[0]
+		libs, err := sharedLibs(ctx, src)
+		if err != nil {
+			return err
+		}
+		for _, l := range libs {
+			if !seen[l] {
+				seen[l] = true
+				all = append(all, l+"="+l)
+			}
+		}
+	}
+	return n.ImportImage(ctx, tag, entrypoint, all...)
+}
+
+// sharedLibs lists the absolute paths of the shared libraries ldd resolves
+// for a file (none for a static one), with symlinks resolved to the file
+// they name so that the image holds real files.
+func sharedLibs(ctx context.Context, file string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, "ldd", file).CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "not a dynamic executable") {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("realnode: ldd %s: %w\n%s", file, err, out)
+	}
+	var libs []string
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				libs = append(libs, f)
+				if real, err := filepath.EvalSymlinks(f); err == nil && real != f {
+					libs = append(libs, real)
+				}
+			}
+		}
+		if strings.Contains(line, "not found") {
+			return nil, fmt.Errorf("realnode: %s: %s", file, strings.TrimSpace(line))
+		}
+	}
+	return libs, nil
+}
+
 // RestartKubelet stops the kubelet and starts it again with the same
 // configuration (up.sh keeps what runs and starts what is missing).
 func (n *Node) RestartKubelet(ctx context.Context) error {

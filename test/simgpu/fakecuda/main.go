@@ -9,7 +9,7 @@
 //
 //	fakecuda -memory 0s=2Gi,30s=6Gi [-leak 256Mi/1s] [-sm 0.4] [-run 10m]
 //	         [-framework pytorch|tensorflow|jax|llamacpp|cupy|onnxruntime|cuda]
-//	         [-log-every 5s] [-print-env]
+//	         [-log-every 5s] [-print-env] [-quiet]
 //
 // -memory is piecewise constant from the start: at each offset the process
 // holds that many bytes (growing allocates, shrinking frees). -leak grows it
@@ -53,6 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	framework := fs.String("framework", "pytorch", "whose out-of-memory error to print: "+strings.Join(frameworks(), ", "))
 	logEvery := fs.Duration("log-every", 0, "print a progress line this often (0: never)")
 	printEnv := fs.Bool("print-env", false, "print the NVIDIA_*, CUDA_* and GPUSLICE_* environment at start")
+	quiet := fs.Bool("quiet", false, "print nothing but errors (an OOM is then the first line the container writes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -112,7 +113,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fakecuda: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "fakecuda: pid %d on %s (%s), %s total\n", os.Getpid(), ctx.UUID, sel, human(ctx.Total))
+	if !*quiet {
+		fmt.Fprintf(stdout, "fakecuda: pid %d on %s (%s), %s total\n", os.Getpid(), ctx.UUID, sel, human(ctx.Total))
+	}
 
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
@@ -164,7 +167,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			lastLog = now
 		}
 		if *runFor > 0 && now >= *runFor {
-			fmt.Fprintln(stdout, "fakecuda: done")
+			if !*quiet {
+				fmt.Fprintln(stdout, "fakecuda: done")
+			}
 			return 0
 		}
 		select {
