@@ -71,7 +71,7 @@ func nvidiaPlugin(t *testing.T, simFile string, args ...string) (string, chan *p
 
 // listAndWatch connects to the plugin a Registration request names and
 // returns its device lists as they come.
-func listAndWatch(t *testing.T, dir string, req *pluginapi.RegisterRequest) <-chan []*pluginapi.Device {
+func listAndWatch(t *testing.T, dir string, req *pluginapi.RegisterRequest) (pluginapi.DevicePluginClient, <-chan []*pluginapi.Device) {
 	t.Helper()
 	if req.ResourceName != "nvidia.com/gpu" || req.Version != pluginapi.Version {
 		t.Fatalf("registered %q version %q, want nvidia.com/gpu %s", req.ResourceName, req.Version, pluginapi.Version)
@@ -83,7 +83,8 @@ func listAndWatch(t *testing.T, dir string, req *pluginapi.RegisterRequest) <-ch
 	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	stream, err := pluginapi.NewDevicePluginClient(conn).ListAndWatch(ctx, &pluginapi.Empty{})
+	client := pluginapi.NewDevicePluginClient(conn)
+	stream, err := client.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func listAndWatch(t *testing.T, dir string, req *pluginapi.RegisterRequest) <-ch
 			lists <- resp.Devices
 		}
 	}()
-	return lists
+	return client, lists
 }
 
 // nextList waits for the next device list whose devices, as "id health"
@@ -158,10 +159,29 @@ func TestNVIDIADevicePluginOnLibnvml(t *testing.T) {
 		f := scenario()
 		writeSim(t, simFile, f)
 		dir, reqs, p := nvidiaPlugin(t, simFile)
-		lists := listAndWatch(t, dir, register(t, reqs, p))
+		client, lists := listAndWatch(t, dir, register(t, reqs, p))
 		want := []string{uuids[1] + " Healthy", uuids[0] + " Healthy"}
 		slices.Sort(want)
 		nextList(t, lists, p, fmt.Sprint(want), func(got []string) bool { return slices.Equal(got, want) })
+
+		// The kubelet's calls when it admits a pod: the preferred
+		// allocation reads the GPUs' topology through NVML.
+		ctx := context.Background()
+		pref, err := client.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
+			{AvailableDeviceIDs: uuids, AllocationSize: 1}}})
+		if err != nil {
+			t.Fatalf("GetPreferredAllocation: %v\n%s", err, p.Output())
+		}
+		if ids := pref.ContainerResponses[0].DeviceIDs; len(ids) != 1 || !slices.Contains(uuids, ids[0]) {
+			t.Errorf("preferred allocation %v, want one of %v", ids, uuids)
+		}
+		alloc, err := client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: uuids[1:]}}})
+		if err != nil {
+			t.Fatalf("Allocate: %v\n%s", err, p.Output())
+		}
+		if env := alloc.ContainerResponses[0].Envs; env["NVIDIA_VISIBLE_DEVICES"] != uuids[1] {
+			t.Errorf("Allocate envs %v, want NVIDIA_VISIBLE_DEVICES=%s", env, uuids[1])
+		}
 
 		// Xid 79 (fallen off the bus) is one NVIDIA's health check acts on.
 		f.GPUs[1].XidEvents = []sim.XidEvent{{Xid: 79}}
@@ -185,7 +205,7 @@ sharing:
 			t.Fatal(err)
 		}
 		dir, reqs, p := nvidiaPlugin(t, simFile, "--config-file="+config)
-		lists := listAndWatch(t, dir, register(t, reqs, p))
+		_, lists := listAndWatch(t, dir, register(t, reqs, p))
 		var want []string
 		for _, u := range uuids {
 			for n := range 4 {
