@@ -42,7 +42,6 @@ package main
 import "C"
 
 import (
-	"os"
 	"sync"
 	"time"
 	"unsafe"
@@ -52,6 +51,8 @@ import (
 
 // DefaultSimFile is the sim file read when GPUSLICE_SIM_FILE is not set.
 const DefaultSimFile = "/run/gpuslice-sim/gpus.yaml"
+
+var envName = C.CString("GPUSLICE_SIM_FILE")
 
 // The simulated versions. The CUDA version is the one NVIDIA's driver 570
 // series reports; callers only compare it against minimums.
@@ -142,7 +143,13 @@ func nvmlInit() C.int { return nvmlInitWithFlags(0) }
 
 //export nvmlInitWithFlags
 func nvmlInitWithFlags(flags C.uint) C.int {
-	path := os.Getenv("GPUSLICE_SIM_FILE")
+	// libc's environment, not os.Getenv: this runtime copied the
+	// environment when the library was loaded, and a Go host sets its
+	// variables (os.Setenv) in libc's.
+	path := ""
+	if v := C.getenv(envName); v != nil {
+		path = C.GoString(v)
+	}
 	if path == "" {
 		path = DefaultSimFile
 	}
