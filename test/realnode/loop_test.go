@@ -208,6 +208,7 @@ sharing:
 		_, _ = n.Client.CoreV1().Nodes().Patch(ctx, n.Name, "application/merge-patch+json", patch, metav1.PatchOptions{})
 	})
 
+	settleDevices(t)
 	testproc.Start(t, "gpuslice-plugin", gpuEnv(t), testproc.Build(t, "cmd/plugin"),
 		append(gpuArgs(t),
 			"--web.listen-address="+testproc.FreeAddr(t),

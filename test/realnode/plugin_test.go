@@ -106,8 +106,7 @@ func TestPluginOnRealKubelet(t *testing.T) {
 	if err := plugin.Stop(); err != nil {
 		t.Logf("plugin exited: %v", err)
 	}
-	waitAllocatable(t, gpuRes, 0, 60*time.Second)
-	startPlugin(t, cfg)
+	startPlugin(t, cfg) // waits for allocatable 0 first
 	waitAllocatable(t, gpuRes, 2, 60*time.Second)
 	for _, name := range []string{c.Name, e.Name} {
 		if p := getPod(t, name); p.Status.Phase != corev1.PodRunning {

@@ -282,6 +282,7 @@ func writeConfig(t *testing.T, path string, replicas int) {
 func startPlugin(t *testing.T, configFile string) (*testproc.Process, string) {
 	t.Helper()
 	n := need(t)
+	settleDevices(t)
 	addr := testproc.FreeAddr(t)
 	p := testproc.Start(t, "gpuslice-plugin", gpuEnv(t), testproc.Build(t, "cmd/plugin"),
 		append(gpuArgs(t),
@@ -293,6 +294,19 @@ func startPlugin(t *testing.T, configFile string) (*testproc.Process, string) {
 			"--config-file="+configFile,
 			"--node-name="+n.Name)...)
 	return p, addr
+}
+
+// settleDevices waits until Node.status shows no GPU of a device plugin
+// that has gone, and registers the same wait for the end of the test. The
+// kubelet marks a stopped plugin's devices unhealthy at once, but
+// Node.status keeps the old allocatable until its next status update (up to
+// nodeStatusUpdateFrequency, 10 s): a plugin started meanwhile looks
+// registered at once, and the scheduler binds pods the kubelet then rejects
+// with UnexpectedAdmissionError ("no healthy devices present").
+func settleDevices(t *testing.T) {
+	t.Helper()
+	waitAllocatable(t, gpuRes, 0, 60*time.Second)
+	t.Cleanup(func() { waitAllocatable(t, gpuRes, 0, 60*time.Second) })
 }
 
 // startExporter runs gpuslice-exporter on the node.
