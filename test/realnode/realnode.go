@@ -82,15 +82,17 @@ func Up(ctx context.Context, binDir string, extraEnv ...string) (*Node, error) {
 	if err := n.takeLock(ctx); err != nil {
 		return nil, err
 	}
-	// A node left by a test binary that was killed: start clean.
-	if out, err := n.script(ctx, "down.sh", nil, nil); err != nil {
+	// A node left by a test binary that was killed: start clean, etcd
+	// included (a Node object kept from an earlier run keeps its old
+	// extended resources in status until a device plugin registers again).
+	if out, err := n.script(ctx, "down.sh", []string{"--purge"}, nil); err != nil {
 		n.unlock()
 		return nil, fmt.Errorf("realnode: cleaning up a previous node: %w\n%s", err, out)
 	}
 	out, err := n.script(ctx, "up.sh", []string{binDir}, extraEnv)
 	if err != nil {
 		upLog := testproc.Tail(readFile(filepath.Join(rnDir(), "up.log")), 40)
-		_, _ = n.script(context.Background(), "down.sh", nil, nil)
+		_, _ = n.script(context.Background(), "down.sh", []string{"--purge"}, nil)
 		n.unlock()
 		return nil, fmt.Errorf("realnode: up.sh: %w\n%s\n--- up.log ---\n%s", err, out, upLog)
 	}
@@ -119,10 +121,11 @@ func Up(ctx context.Context, binDir string, extraEnv ...string) (*Node, error) {
 	return n, nil
 }
 
-// Down stops the node and removes what it left, then releases the lock.
+// Down stops the node and removes what it left (etcd's data and the images
+// too), then releases the lock.
 func (n *Node) Down() error {
 	defer n.unlock()
-	out, err := n.script(context.Background(), "down.sh", nil, nil)
+	out, err := n.script(context.Background(), "down.sh", []string{"--purge"}, nil)
 	if err != nil {
 		return fmt.Errorf("realnode: down.sh: %w\n%s", err, out)
 	}
