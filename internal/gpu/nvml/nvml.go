@@ -10,21 +10,27 @@
 // if any of those calls fails the GPU goes to Snapshot.Failed for that
 // reading and the other GPUs still come back. Every other reading (name,
 // utilization, temperature, power, compute and graphics process lists,
-// per-process utilization) is optional: when it fails it is left zero (or
-// empty) for that snapshot and the GPU still comes back, because one
-// reading the driver cannot give (a power sensor answering ERROR_UNKNOWN)
-// says nothing about whether the GPU can run work, and the device plugin
-// marks a failed GPU unhealthy. A failing optional reading is logged once
-// per GPU and reading until it answers again; ERROR_NOT_SUPPORTED is not
-// logged at all. The exception is a return saying the GPU itself is gone
-// or unusable (ERROR_GPU_IS_LOST, ERROR_GPU_NOT_FOUND, ERROR_RESET_REQUIRED,
-// and the driver being unloaded or replaced under the process): from any
-// call it fails the GPU.
+// per-process utilization) is optional: when it fails it is left empty for
+// that snapshot, and utilization, temperature and power are marked in
+// Device.Missing so that no series shows a 0 the GPU never reported. The GPU
+// still comes back, because one reading the driver cannot give (a power
+// sensor answering ERROR_UNKNOWN) says nothing about whether the GPU can run
+// work, and the device plugin marks a failed GPU unhealthy. A failing
+// optional reading is logged once per GPU and reading until it answers
+// again; ERROR_NOT_SUPPORTED (no power sensor, utilization on a MIG-enabled
+// GPU) is logged once for the life of the backend. The exception is a
+// return saying the GPU itself is gone or unusable (ERROR_GPU_IS_LOST,
+// ERROR_GPU_NOT_FOUND, ERROR_RESET_REQUIRED, and the driver being unloaded
+// or replaced under the process): from any call it fails the GPU.
 //
-// Per-process SM utilization comes from the samples NVML kept since the
-// previous reading. When there are none (ERROR_NOT_FOUND), no process ran
-// a kernel in that time, so every process reads 0 with
-// HasSMUtilization set; only a GPU that cannot give samples at all
+// Per-process SM utilization follows NVML's documented semantics for
+// nvmlDeviceGetProcessUtilization: one sample per process and sample period
+// in which the process had non-zero utilization, only samples newer than
+// the lastSeenTimeStamp passed in, and ERROR_NOT_FOUND when there are none.
+// So a listed process without a sample ran no kernel and reads 0 (with
+// HasSMUtilization set), and a reading averages every sample since the
+// previous reading over the periods in between (see averageSM) instead of
+// taking the newest point. Only a GPU that cannot give samples at all
 // (ERROR_NOT_SUPPORTED), or a failed call, leaves processes without one.
 //
 // Xid events are read by a goroutine waiting on an NVML event set with
@@ -37,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -76,6 +83,13 @@ type Backend struct {
 	// failing holds the optional readings that failed at their last try
 	// and have been logged, so that a lasting failure is logged once.
 	failing map[reading]bool
+	// unsupported holds the readings that answered ERROR_NOT_SUPPORTED and
+	// have been logged: what a GPU does not support it never will, so that
+	// is said once.
+	unsupported map[reading]bool
+	// period is, per GPU UUID, the shortest gap seen between two process
+	// utilization samples: the driver's sample period, estimated.
+	period map[string]uint64
 
 	events nvml.EventSet // nil when no GPU reports Xid events
 	// xidGPUs maps the UUID of each GPU registered on events to its index;
@@ -102,13 +116,15 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("%w: nvml init: %s", gpu.ErrUnavailable, ret.Error())
 	}
 	b := &Backend{
-		lib:      lib,
-		log:      opts.Logger,
-		lastSeen: make(map[string]uint64),
-		failing:  make(map[reading]bool),
-		xidGPUs:  make(map[string]int),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		lib:         lib,
+		log:         opts.Logger,
+		lastSeen:    make(map[string]uint64),
+		failing:     make(map[reading]bool),
+		unsupported: make(map[reading]bool),
+		period:      make(map[string]uint64),
+		xidGPUs:     make(map[string]int),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
 	}
 	if b.log == nil {
 		b.log = slog.Default()
@@ -207,6 +223,13 @@ func (b *Backend) optional(uuid, call string, ret nvml.Return) (ok bool, err err
 		return true, nil
 	case ret == nvml.ERROR_NOT_SUPPORTED:
 		b.answered(uuid, call)
+		b.mu.Lock()
+		logged := b.unsupported[reading{uuid, call}]
+		b.unsupported[reading{uuid, call}] = true
+		b.mu.Unlock()
+		if !logged {
+			b.log.Info("nvml: GPU does not support a reading; it has no series", "uuid", uuid, "reading", call)
+		}
 		return false, nil
 	case gpuGone(ret):
 		return false, &callError{call, ret}
@@ -265,18 +288,24 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 		return fail(err)
 	} else if ok {
 		d.Utilization = min(float64(util.Gpu)/100, 1)
+	} else {
+		d.Missing |= gpu.ReadingUtilization
 	}
 	temp, ret := h.GetTemperature(nvml.TEMPERATURE_GPU)
 	if ok, err := b.optional(d.UUID, callTemperature, ret); err != nil {
 		return fail(err)
 	} else if ok {
 		d.TemperatureCelsius = float64(temp)
+	} else {
+		d.Missing |= gpu.ReadingTemperature
 	}
 	mw, ret := h.GetPowerUsage()
 	if ok, err := b.optional(d.UUID, callPower, ret); err != nil {
 		return fail(err)
 	} else if ok {
 		d.PowerWatts = float64(mw) / 1000
+	} else {
+		d.Missing |= gpu.ReadingPower
 	}
 	procs, err := b.readProcesses(h, d.UUID)
 	if err != nil {
@@ -294,8 +323,8 @@ const notAvailable = ^uint64(0)
 // readProcesses merges the compute and graphics process lists (a process
 // with both kinds of context is listed in both, each time with its whole
 // memory, so it counts once with the larger figure) and adds each process's
-// newest SM sample. Its error is a GPU that is gone; a list or the samples
-// that cannot be read are left out.
+// SM utilization averaged since the previous reading. Its error is a GPU
+// that is gone; a list or the samples that cannot be read are left out.
 func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, error) {
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
@@ -329,43 +358,103 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, erro
 	slices.SortFunc(procs, func(a, b gpu.Process) int { return cmp.Compare(a.PID, b.PID) })
 
 	b.mu.Lock()
-	since := b.lastSeen[uuid]
+	since, period := b.lastSeen[uuid], b.period[uuid]
 	b.mu.Unlock()
 	samples, ret := h.GetProcessUtilization(since)
 	// go-nvml returns ERROR_INSUFFICIENT_SIZE with no samples when NVML
 	// sized the sample buffer at zero: no samples, as ERROR_NOT_FOUND says.
-	if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0 {
-		b.answered(uuid, callProcessUtil)
-		// No sample since the last reading: no process has run a kernel
-		// since, which is an SM utilization of 0, not an unknown one.
-		for j := range procs {
-			procs[j].HasSMUtilization = true
-		}
-		return procs, nil
+	if ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0 {
+		ret = nvml.ERROR_NOT_FOUND
 	}
-	if ok, err := b.optional(uuid, callProcessUtil, ret); err != nil {
+	if ret == nvml.ERROR_NOT_FOUND {
+		b.answered(uuid, callProcessUtil)
+		samples = nil
+	} else if ok, err := b.optional(uuid, callProcessUtil, ret); err != nil {
 		return nil, err
 	} else if !ok {
 		return procs, nil
 	}
-	newest := since
-	latest := make(map[int]nvml.ProcessUtilizationSample, len(samples))
-	for _, s := range samples {
-		newest = max(newest, s.TimeStamp)
-		if old, ok := latest[int(s.Pid)]; !ok || s.TimeStamp >= old.TimeStamp {
-			latest[int(s.Pid)] = s
-		}
-	}
+	avg := averageSM(samples, since, period)
 	b.mu.Lock()
-	b.lastSeen[uuid] = max(b.lastSeen[uuid], newest)
+	b.lastSeen[uuid] = max(b.lastSeen[uuid], avg.newest)
+	if avg.period > 0 && (b.period[uuid] == 0 || avg.period < b.period[uuid]) {
+		b.period[uuid] = avg.period
+	}
 	b.mu.Unlock()
 	for j := range procs {
-		if s, ok := latest[procs[j].PID]; ok {
-			procs[j].SMUtilization = min(float64(s.SmUtil)/100, 1)
-			procs[j].HasSMUtilization = true
-		}
+		// NVML returns a sample only for a process "that had some non-zero
+		// utilization during the last sample period" and ERROR_NOT_FOUND
+		// when there is no sample since lastSeenTimeStamp (NVML API
+		// Reference, nvmlDeviceGetProcessUtilization): a listed process
+		// without a sample ran no kernel, which is 0, not unknown.
+		procs[j].SMUtilization = avg.byPID[procs[j].PID]
+		procs[j].HasSMUtilization = true
 	}
 	return procs, nil
+}
+
+// smAverage is what averageSM found in one reading's samples.
+type smAverage struct {
+	byPID  map[int]float64 // 0..1, over the reading's interval
+	newest uint64          // newest sample timestamp, the next lastSeen
+	period uint64          // shortest gap between two sample timestamps; 0 if none
+}
+
+// averageSM averages each process's SM samples over the sample periods
+// between since (the previous reading's newest timestamp, 0 for none) and
+// the newest sample, so a process busy for one period out of ten reads a
+// tenth of that period's figure, not the newest point.
+//
+// NVML gives one sample per process per sample period, and only for
+// periods in which the process was busy; periods in which no process ran
+// leave no sample at all. The number of periods in the interval is
+// therefore counted from the timestamps (microseconds, NVML's CPU
+// timestamps): the interval's length divided by the sample period, which
+// is the shortest gap between two distinct sample timestamps seen on this
+// GPU (knownPeriod, from earlier readings, or this one's). Without a
+// period (a single timestamp ever seen) each distinct timestamp is one
+// period. Samples not newer than since are skipped: a driver that returns
+// them again must not count them twice.
+func averageSM(samples []nvml.ProcessUtilizationSample, since, knownPeriod uint64) smAverage {
+	res := smAverage{byPID: map[int]float64{}, newest: since}
+	var stamps []uint64
+	sums := map[int]float64{}
+	for _, s := range samples {
+		if s.TimeStamp <= since {
+			continue
+		}
+		stamps = append(stamps, s.TimeStamp)
+		sums[int(s.Pid)] += float64(s.SmUtil) / 100
+		res.newest = max(res.newest, s.TimeStamp)
+	}
+	if len(stamps) == 0 {
+		return res
+	}
+	slices.Sort(stamps)
+	stamps = slices.Compact(stamps)
+	for i := 1; i < len(stamps); i++ {
+		if gap := stamps[i] - stamps[i-1]; res.period == 0 || gap < res.period {
+			res.period = gap
+		}
+	}
+	period := knownPeriod
+	if res.period > 0 && (period == 0 || res.period < period) {
+		period = res.period
+	}
+	periods := float64(len(stamps))
+	if period > 0 {
+		start := since
+		if start == 0 || start >= stamps[0] {
+			// No previous reading: the interval opens one period before
+			// the oldest sample, which covers that period.
+			start = stamps[0] - min(period, stamps[0])
+		}
+		periods = max(periods, math.Round(float64(res.newest-start)/float64(period)))
+	}
+	for pid, sum := range sums {
+		res.byPID[pid] = min(sum/periods, 1)
+	}
+	return res
 }
 
 // registerXidEvents creates an event set and registers Xid critical errors
