@@ -555,6 +555,19 @@ func TestRenderedWorkloads(t *testing.T) {
 		}
 		checkLocked(t, ds)
 		checkPort(t, ds, 9846)
+		// The kubelet restarts an exporter whose NVML broke: /healthz says so.
+		if got, _, _ := unstructured.NestedString(c, "livenessProbe", "httpGet", "path"); got != "/healthz" {
+			t.Errorf("%s: liveness probe path %q, want /healthz", ds, got)
+		}
+		if !slices.Contains(args, "--healthz.gpu-failure-threshold=3") {
+			t.Errorf("%s: args %v lack --healthz.gpu-failure-threshold=3", ds, args)
+		}
+		// Older k3s kills nvidia-runtime pods that are not Guaranteed.
+		req, _, _ := unstructured.NestedMap(c, "resources", "requests")
+		lim, _, _ := unstructured.NestedMap(c, "resources", "limits")
+		if len(req) != 2 || !cmp.Equal(req, lim) {
+			t.Errorf("%s: requests %v, limits %v; want cpu and memory requests equal to limits", ds, req, lim)
+		}
 		cr := find(t, objs, "ClusterRole", "gpuslice-exporter")
 		if diff := cmp.Diff([]any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}}}, nested[[]any](t, cr, "rules")); diff != "" {
 			t.Errorf("%s rules (-want +got):\n%s", cr, diff)

@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -44,6 +45,7 @@ type options struct {
 	oomPatterns                    stringList
 	oomOff                         bool
 	oomMaxRead                     int64
+	gpuFailureThreshold            int
 	log                            logging.Flags
 }
 
@@ -74,12 +76,16 @@ func parseFlags(args []string) (*options, error) {
 	fs.Var(&o.oomPatterns, "oom.pattern", "Regular expression of a GPU OOM log line; repeat the flag for several. Setting it replaces the built-in catalogue (PyTorch, TensorFlow, JAX, llama.cpp/ollama, vLLM, ONNX Runtime, TensorRT, NVENC, CTranslate2, CuPy, Paddle, darknet, OptiX, CUDA driver, cuBLAS, cuDNN, NCCL messages; internal/oom/catalogue.go). Lines about host (pinned) memory never count.")
 	fs.BoolVar(&o.oomOff, "oom.disable", false, "Turn GPU OOM detection off.")
 	fs.Int64Var(&o.oomMaxRead, "oom.max-read-bytes", oom.DefaultMaxReadBytes, "Most bytes read from one log file per scrape.")
+	fs.IntVar(&o.gpuFailureThreshold, "healthz.gpu-failure-threshold", 3, "Collections in a row (scrapes, or /healthz probes when nothing scrapes) that read no GPU before /healthz fails and the kubelet restarts the exporter, which is what brings back NVML broken under a running container; 0 never fails. An exporter that never read a GPU stays healthy and logs what to fix.")
 	o.log.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if err := flagenv.Apply(fs, "GPUSLICE_", nil); err != nil {
 		return nil, err
+	}
+	if o.gpuFailureThreshold < 0 {
+		return nil, fmt.Errorf("--healthz.gpu-failure-threshold=%d: must be 0 (never fail) or more", o.gpuFailureThreshold)
 	}
 	if o.kubeletURL == "" {
 		if ip := os.Getenv("NODE_IP"); ip != "" {
@@ -111,13 +117,15 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 
-	gpus, err := backend.Open(o.backend, o.simFile, log)
+	// Without NVML the exporter keeps running and logs the fix: a crash
+	// loop would hide the message behind restarts, and NVML is tried again.
+	gpus, err := backend.Open(o.backend, o.simFile, log, true)
 	if err != nil {
 		return err
 	}
 	defer gpus.Close()
 
-	cfg := exporter.Config{GPU: gpus, Procfs: o.procfs, Logger: log}
+	cfg := exporter.Config{GPU: gpus, Procfs: o.procfs, Logger: log, MaxGPUFailures: o.gpuFailureThreshold}
 	if o.podResourcesSocket != "" {
 		c, err := podresources.NewClient(o.podResourcesSocket)
 		if err != nil {
@@ -139,8 +147,9 @@ func run(ctx context.Context, args []string) error {
 		cfg.OOM = d
 	}
 
+	exp := exporter.New(cfg)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(exporter.New(cfg), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(exp, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("gpuslice-exporter listening", "address", o.listen, "path", o.metricsPath, "backend", o.backend, "pods", o.podsSource)
 	return serve.Run(ctx, serve.Options{
 		Name:          "gpuslice-exporter",
@@ -150,6 +159,7 @@ func run(ctx context.Context, args []string) error {
 		WebConfigFile: o.webConfig,
 		Registry:      reg,
 		Logger:        log,
+		Extra:         map[string]http.Handler{"/healthz": exp.Healthz()},
 	})
 }
 

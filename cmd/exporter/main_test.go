@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestFlagsFromEnvironment(t *testing.T) {
@@ -21,15 +25,67 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 }
 
-// TestNoNVML: on a machine without the NVIDIA driver the nvml backend gives
-// a clear error rather than a crash.
+// TestNoNVML: on a machine without the NVIDIA driver the nvml backend does
+// not crash (any NVML call after the failed Init would) and the exporter
+// does not exit into a crash loop: it serves, with the gpu collector
+// failing, and stays healthy, since a restart cannot give it NVML.
 func TestNoNVML(t *testing.T) {
 	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
 		t.Skip("this machine has an NVIDIA driver")
 	}
-	err := run(context.Background(), []string{"--gpu.backend=nvml"})
-	if err == nil || !strings.Contains(err.Error(), "nvml init") {
-		t.Fatalf("run = %v, want an nvml init error", err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--gpu.backend=nvml", "--web.listen-address=" + addr, "--pods.source=none",
+			"--kubelet.pod-resources-socket=", "--oom.disable", "--healthz.gpu-failure-threshold=1", "--log.level=error"})
+	}()
+	get := func(path string) (int, string) {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, err := http.Get("http://" + addr + path)
+			if err == nil {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode, string(body)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("exporter exited: %v", err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("GET %s: %v", path, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, `gpuslice_exporter_collect_success{collector="gpu"} 0`) {
+		t.Errorf("/metrics without NVML: %d, want 200 with the gpu collector failing:\n%s", code, body)
+	}
+	for range 3 {
+		if code, body := get("/healthz"); code != http.StatusOK {
+			t.Errorf("/healthz of an exporter that never had NVML: %d %s", code, body)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run after shutdown: %v", err)
+	}
+}
+
+func TestBadThreshold(t *testing.T) {
+	if _, err := parseFlags([]string{"--healthz.gpu-failure-threshold=-1"}); err == nil || !strings.Contains(err.Error(), "--healthz.gpu-failure-threshold=-1") {
+		t.Errorf("parseFlags: %v, want an error naming the flag", err)
+	}
+	t.Setenv("GPUSLICE_HEALTHZ_GPU_FAILURE_THRESHOLD", "7")
+	if o, err := parseFlags(nil); err != nil || o.gpuFailureThreshold != 7 {
+		t.Errorf("from the environment: %+v, %v; want 7", o, err)
 	}
 }
 

@@ -104,7 +104,7 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	gpus, err := backend.Open(o.backend, o.simFile, log)
+	gpus, err := backend.Open(o.backend, o.simFile, log, false)
 	if err != nil {
 		return err
 	}

@@ -65,8 +65,11 @@ type Input struct {
 	// Refs maps a PID to its pod; a PID absent here is a host process, one
 	// that vanished, or one outside Kubernetes.
 	Refs map[int]ProcessRef
-	// Gone holds PIDs that exited between the GPU reading and the /proc
-	// reading. They are skipped: their memory is already freed.
+	// Gone holds PIDs whose /proc entry vanished between the GPU reading
+	// and the /proc reading. Their memory counts as unattributed: the GPU
+	// reading listed it, and the device's used memory of the same reading
+	// includes it, so dropping it would make the per-container and
+	// unattributed series add up to less than the GPU's used memory.
 	Gone map[int]bool
 	// Pods looks pod UIDs up.
 	Pods pods.Source
@@ -157,10 +160,10 @@ func Join(in Input) Result {
 	usage := map[usageKey]*Usage{}
 	for _, d := range in.Devices {
 		for _, p := range d.Processes {
-			if in.Gone[p.PID] {
-				continue
+			c, ok := Container{}, false
+			if !in.Gone[p.PID] {
+				c, ok = resolve(in, p.PID, d.UUID, holdersOf)
 			}
-			c, ok := resolve(in, p.PID, d.UUID, holdersOf)
 			if !ok {
 				res.Unattributed[d.UUID] += p.UsedMemoryBytes
 				continue

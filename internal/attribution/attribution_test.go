@@ -110,13 +110,15 @@ func TestJoin(t *testing.T) {
 			alloc: map[ResourceGPU]int{{gpuA, res}: 1, {gpuB, res}: 1},
 		},
 		{
-			name: "a vanished process is skipped; an unknown pod UID is unattributed",
+			name: "a process whose /proc entry vanished and an unknown pod UID are both unattributed",
 			in: Input{
 				Devices: []gpu.Device{{Index: 0, UUID: gpuA, Processes: []gpu.Process{proc(40, 1*gib, -1), proc(41, 2*gib, -1)}}},
 				Refs:    map[int]ProcessRef{41: {PodUID: "u-unknown", ContainerID: "x"}},
 				Gone:    map[int]bool{40: true},
 			},
-			unatt: map[string]uint64{gpuA: 2 * gib},
+			// The GPU reading listed PID 40's memory and counted it in the
+			// device's used memory: it stays in the sum.
+			unatt: map[string]uint64{gpuA: 3 * gib},
 		},
 		{
 			name: "container ID not in status yet: the pod's only GPU holder gets it",

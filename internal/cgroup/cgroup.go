@@ -16,6 +16,13 @@
 //     cri-containerd-<id>.scope, crio-<id>[.scope], docker-<id>.scope
 //   - paths seen from inside a cgroup namespace, relative to its root, which
 //     may climb out of it with "/.." segments
+//   - the systemd "slice:prefix:name" form taken literally as one directory
+//     name: /kubepods-besteffort-pod<uid>.slice:cri-containerd:<id> (and
+//     crio:, docker:). runc's cgroupfs manager makes this when the runtime
+//     hands it a systemd-style cgroupsPath, i.e. when the kubelet uses the
+//     systemd driver and the runtime does not (k3s with the nvidia runtime
+//     and SystemdCgroup = false). The container is then not below the pod's
+//     slice but beside the whole kubepods tree.
 //
 // Decisions a caller may need to know:
 //
@@ -175,6 +182,9 @@ func linePath(line string) (string, error) {
 func parsePath(p string) (ref Ref, ok bool, why string) {
 	parts := strings.Split(p, "/")
 	for i, part := range parts {
+		if ref, ok := colonComponent(part); ok {
+			return ref, true, ""
+		}
 		uid, qos, isPod := podComponent(part, parent(parts, i))
 		if !isPod {
 			continue
@@ -190,6 +200,33 @@ func parsePath(p string) (ref Ref, ok bool, why string) {
 		return ref, true, ""
 	}
 	return Ref{}, false, ""
+}
+
+// colonPrefixes are the "prefix" fields of "slice:prefix:name" cgroup paths:
+// what containerd, CRI-O and cri-dockerd put there.
+var colonPrefixes = map[string]string{
+	"cri-containerd": RuntimeContainerd,
+	"crio":           RuntimeCRIO,
+	"docker":         RuntimeDocker,
+}
+
+// colonComponent recognises "<pod slice>:<prefix>:<container id>", one
+// directory name. A pod slice with an unknown prefix or a malformed ID still
+// names the pod, as a process in a pod cgroup of an unlisted shape does.
+func colonComponent(part string) (Ref, bool) {
+	fields := strings.Split(part, ":")
+	if len(fields) != 3 {
+		return Ref{}, false
+	}
+	uid, qos, ok := podComponent(fields[0], "")
+	if !ok || !strings.HasSuffix(fields[0], ".slice") {
+		return Ref{}, false
+	}
+	ref := Ref{PodUID: uid, QoS: qos}
+	if rt, known := colonPrefixes[fields[1]]; known && validContainerID(fields[2]) {
+		ref.ContainerID, ref.Runtime = fields[2], rt
+	}
+	return ref, true
 }
 
 // parent returns the component above parts[i], or "" when it is not a real

@@ -45,6 +45,14 @@ var fixtures = []struct {
 	{"v1-docker-not-kubernetes", Ref{}, ErrNotInPod},
 	{"v1-host-process", Ref{}, ErrNotInPod},
 	{"v2-podman-pod-not-kubernetes", Ref{}, ErrNotInPod},
+	{"v2-k3s-colon-containerd-besteffort", Ref{"b7c2cbdb-9ab5-47ef-977e-97e39a73da6d", "66dda1e97c4fc48204b066f07fc1e28bab94a571820484e01576982d4cb9d32b", RuntimeContainerd, QoSBestEffort}, nil},
+	{"v2-colon-crio-burstable", Ref{"3f1c8e2a-6d4b-4a7e-9c11-5e2b7d9a0c44", "c4e1f0a9b37d62e8a5f14b0c9d7e3a2861f5b4c0e9d8a7f6e5d4c3b2a1908f7e", RuntimeCRIO, QoSBurstable}, nil},
+	{"v1-colon-docker-guaranteed", Ref{"0a9d4e7c-2b6f-4c1d-8e3a-7f5b9c2d1e60", "5b3e9a1c7d2f4e6a8b0c1d3e5f7a9b2c4d6e8f0a1b3c5d7e9f2a4b6c8d0e1f3a", RuntimeDocker, QoSGuaranteed}, nil},
+	{"v2-colon-nested-containerd-burstable", Ref{"9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b", "8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b", RuntimeContainerd, QoSBurstable}, nil},
+	// An unknown runtime prefix still names the pod: its processes count
+	// for the pod, as in any other pod cgroup of an unlisted shape.
+	{"v2-colon-unknown-prefix", Ref{"1b2c3d4e-5f6a-4b7c-8d9e-0f1a2b3c4d5e", "", "", QoSBestEffort}, nil},
+	{"v2-colon-not-a-pod", Ref{}, ErrNotInPod},
 }
 
 func TestParseFixtures(t *testing.T) {

@@ -56,6 +56,9 @@ type Config struct {
 	Logger  *slog.Logger
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
+	// MaxGPUFailures is how many collections in a row may read no GPU
+	// before Healthz fails (once a GPU has been read); 0 never fails.
+	MaxGPUFailures int
 }
 
 // Exporter is a prometheus.Collector.
@@ -74,6 +77,8 @@ type Exporter struct {
 	// index: relabelling them gpu="" would start new series, and a counter
 	// series that appears already above zero fires the OOM alert.
 	index map[string]string
+	// health judges /healthz from the GPU readings (its own lock).
+	health *health
 }
 
 // New builds an Exporter.
@@ -91,11 +96,12 @@ func New(cfg Config) *Exporter {
 		cfg.Now = time.Now
 	}
 	return &Exporter{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		proc:  newProcReader(cfg.Procfs, cfg.Logger),
-		ooms:  newOOMCounter(),
-		index: map[string]string{},
+		cfg:    cfg,
+		log:    cfg.Logger,
+		proc:   newProcReader(cfg.Procfs, cfg.Logger),
+		ooms:   newOOMCounter(),
+		index:  map[string]string{},
+		health: &health{max: cfg.MaxGPUFailures},
 	}
 }
 
@@ -116,6 +122,7 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	// GPUs.
 	start := time.Now()
 	snap, err := e.cfg.GPU.Snapshot(ctx)
+	e.health.recordSnapshot(snap, err)
 	ok := err == nil && len(snap.Failed) == 0
 	if err != nil {
 		e.log.Warn("reading GPUs", "err", err)

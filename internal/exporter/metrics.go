@@ -62,9 +62,17 @@ func emitDevices(ch chan<- prometheus.Metric, s gpu.Snapshot) {
 		gauge(ch, gpuInfo, 1, idx, d.UUID, d.Name, s.DriverVersion)
 		gauge(ch, gpuMemTotal, float64(d.MemoryTotalBytes), idx, d.UUID)
 		gauge(ch, gpuMemUsed, float64(d.MemoryUsedBytes), idx, d.UUID)
-		gauge(ch, gpuUtil, d.Utilization, idx, d.UUID)
-		gauge(ch, gpuTemp, d.TemperatureCelsius, idx, d.UUID)
-		gauge(ch, gpuPower, d.PowerWatts, idx, d.UUID)
+		// A reading the GPU did not give has no series: a 0 would be read
+		// as an idle GPU or a card drawing no power.
+		if !d.Missing.Has(gpu.ReadingUtilization) {
+			gauge(ch, gpuUtil, d.Utilization, idx, d.UUID)
+		}
+		if !d.Missing.Has(gpu.ReadingTemperature) {
+			gauge(ch, gpuTemp, d.TemperatureCelsius, idx, d.UUID)
+		}
+		if !d.Missing.Has(gpu.ReadingPower) {
+			gauge(ch, gpuPower, d.PowerWatts, idx, d.UUID)
+		}
 	}
 }
 

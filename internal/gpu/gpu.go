@@ -18,10 +18,12 @@ var ErrUnavailable = errors.New("gpu backend unavailable")
 type Process struct {
 	PID             int
 	UsedMemoryBytes uint64
-	// SMUtilization is the share of the GPU's SMs this process kept busy over
-	// the last sample period, 0..1 (0 when the driver reports that no process
-	// ran a kernel in the period). HasSMUtilization is false where no figure
-	// can be had: per-process utilization unsupported, or its call failed.
+	// SMUtilization is the share of the GPU's SMs this process kept busy,
+	// 0..1, averaged over the time since the backend's previous reading of
+	// the GPU. A process the driver lists without any utilization sample in
+	// that time ran no kernel: 0, with HasSMUtilization set.
+	// HasSMUtilization is false where no figure can be had: per-process
+	// utilization unsupported (MIG-enabled GPUs, old GPUs) or its call failed.
 	SMUtilization    float64
 	HasSMUtilization bool
 }
@@ -37,8 +39,60 @@ type Device struct {
 	Utilization        float64
 	TemperatureCelsius float64
 	PowerWatts         float64
+	// Missing lists the readings above that the GPU did not give in this
+	// snapshot (the driver does not support them there, such as power on a
+	// card without a sensor or utilization on a MIG-enabled GPU, or the
+	// call failed). Their fields are 0, which must not be shown as a
+	// reading: a power of 0 W or a utilization of 0 is a claim.
+	Missing Readings
 	// Processes holds compute and graphics processes, each PID once.
 	Processes []Process
+}
+
+// Readings is a set of a Device's optional readings. The zero value is the
+// empty set, so a Device built without it has every reading.
+type Readings uint8
+
+// The optional readings of a Device.
+const (
+	ReadingUtilization Readings = 1 << iota
+	ReadingTemperature
+	ReadingPower
+)
+
+// Has reports whether r holds every reading of x.
+func (r Readings) Has(x Readings) bool { return r&x == x }
+
+// readingNames names the readings, as the sim file's "unsupported" list does.
+var readingNames = []struct {
+	r    Readings
+	name string
+}{
+	{ReadingUtilization, "utilization"},
+	{ReadingTemperature, "temperature"},
+	{ReadingPower, "power"},
+}
+
+// Names returns the names of the readings in r.
+func (r Readings) Names() []string {
+	var names []string
+	for _, n := range readingNames {
+		if r.Has(n.r) {
+			names = append(names, n.name)
+		}
+	}
+	return names
+}
+
+// ReadingNamed returns the reading called name ("utilization",
+// "temperature" or "power").
+func ReadingNamed(name string) (Readings, bool) {
+	for _, n := range readingNames {
+		if n.name == name {
+			return n.r, true
+		}
+	}
+	return 0, false
 }
 
 // DeviceError says that one GPU failed a call during a snapshot. The other

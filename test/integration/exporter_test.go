@@ -121,8 +121,9 @@ func TestExporterOnSimulatedNode(t *testing.T) {
 				// A pod on two GPUs.
 				expect("gpuslice_container_gpu_memory_used_bytes", ctr("media", "wide", "enc", g0), 1*gib),
 				expect("gpuslice_container_gpu_memory_used_bytes", ctr("media", "wide", "enc", g1), 3*gib),
-				// The host process is unattributed; the vanished one is not counted anywhere.
-				expect("gpuslice_unattributed_gpu_memory_used_bytes", map[string]string{"uuid": g1}, 0.5*gib),
+				// The host process and the vanished one (listed by the GPU
+				// reading, so in its used memory) are unattributed.
+				expect("gpuslice_unattributed_gpu_memory_used_bytes", map[string]string{"uuid": g1}, 2.5*gib),
 				expect("gpuslice_unattributed_gpu_memory_used_bytes", map[string]string{"uuid": g0}, 0),
 				expect("gpuslice_gpu_replicas", map[string]string{"uuid": g0, "resource": "nvidia.com/gpu"}, 6),
 				expect("gpuslice_gpu_replicas_allocated", map[string]string{"uuid": g0}, 5),

@@ -21,11 +21,13 @@ const (
 
 // Open returns the named backend. simFile is required for "sim"; it is read
 // at every snapshot, so it need not exist yet, but a missing file fails the
-// scrape's gpu collector until it does.
-func Open(name, simFile string, log *slog.Logger) (gpu.Backend, error) {
+// scrape's gpu collector until it does. retryInit keeps an nvml backend
+// whose NVML cannot be initialized (it logs why and tries again) instead of
+// failing; see nvmlbackend.Options.RetryInit.
+func Open(name, simFile string, log *slog.Logger, retryInit bool) (gpu.Backend, error) {
 	switch name {
 	case NVML:
-		b, err := nvmlbackend.New(nvml.New(), nvmlbackend.Options{Logger: log})
+		b, err := nvmlbackend.New(nvml.New(), nvmlbackend.Options{Logger: log, RetryInit: retryInit})
 		if err != nil {
 			// Not b: a nil *Backend in a gpu.Backend is not a nil interface.
 			return nil, err

@@ -79,6 +79,22 @@ func (g GPUSpec) WithError(msg string) GPUSpec {
 	return g
 }
 
+// WithUnsupported returns g without the readings r, as a GPU whose driver
+// answers NOT_SUPPORTED for them.
+func (g GPUSpec) WithUnsupported(r gpu.Readings) GPUSpec {
+	g.Missing |= r
+	if r.Has(gpu.ReadingUtilization) {
+		g.Utilization = 0
+	}
+	if r.Has(gpu.ReadingTemperature) {
+		g.TemperatureCelsius = 0
+	}
+	if r.Has(gpu.ReadingPower) {
+		g.PowerWatts = 0
+	}
+	return g
+}
+
 // WithUtilization returns g with the device utilization u (0..1).
 func (g GPUSpec) WithUtilization(u float64) GPUSpec {
 	g.Utilization = u
@@ -133,6 +149,7 @@ func SimFile(gpus ...GPUSpec) sim.File {
 			TemperatureCelsius: g.TemperatureCelsius,
 			PowerWatts:         g.PowerWatts,
 			Error:              g.Error,
+			Unsupported:        g.Missing.Names(),
 		}
 		if g.MemoryUsedBytes != 0 {
 			s.MemoryUsedBytes = &g.MemoryUsedBytes

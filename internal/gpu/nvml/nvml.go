@@ -10,25 +10,41 @@
 // if any of those calls fails the GPU goes to Snapshot.Failed for that
 // reading and the other GPUs still come back. Every other reading (name,
 // utilization, temperature, power, compute and graphics process lists,
-// per-process utilization) is optional: when it fails it is left zero (or
-// empty) for that snapshot and the GPU still comes back, because one
-// reading the driver cannot give (a power sensor answering ERROR_UNKNOWN)
-// says nothing about whether the GPU can run work, and the device plugin
-// marks a failed GPU unhealthy. A failing optional reading is logged once
-// per GPU and reading until it answers again; ERROR_NOT_SUPPORTED is not
-// logged at all. The exception is a return saying the GPU itself is gone
-// or unusable (ERROR_GPU_IS_LOST, ERROR_GPU_NOT_FOUND, ERROR_RESET_REQUIRED,
-// and the driver being unloaded or replaced under the process): from any
-// call it fails the GPU.
+// per-process utilization) is optional: when it fails it is left empty for
+// that snapshot, and utilization, temperature and power are marked in
+// Device.Missing so that no series shows a 0 the GPU never reported. The GPU
+// still comes back, because one reading the driver cannot give (a power
+// sensor answering ERROR_UNKNOWN) says nothing about whether the GPU can run
+// work, and the device plugin marks a failed GPU unhealthy. A failing
+// optional reading is logged once per GPU and reading until it answers
+// again; ERROR_NOT_SUPPORTED (no power sensor, utilization on a MIG-enabled
+// GPU) is logged once for the life of the backend. The exception is a
+// return saying the GPU itself is gone or unusable (ERROR_GPU_IS_LOST,
+// ERROR_GPU_NOT_FOUND, ERROR_RESET_REQUIRED, and the driver being unloaded
+// or replaced under the process): from any call it fails the GPU.
 //
-// Per-process SM utilization comes from the samples NVML kept since the
-// previous reading. When there are none (ERROR_NOT_FOUND), no process ran
-// a kernel in that time, so every process reads 0 with
-// HasSMUtilization set; only a GPU that cannot give samples at all
+// Per-process SM utilization follows NVML's documented semantics for
+// nvmlDeviceGetProcessUtilization: one sample per process and sample period
+// in which the process had non-zero utilization, only samples newer than
+// the lastSeenTimeStamp passed in, and ERROR_NOT_FOUND when there are none.
+// So a listed process without a sample ran no kernel and reads 0 (with
+// HasSMUtilization set), and a reading averages every sample since the
+// previous reading over the periods in between (see averageSM) instead of
+// taking the newest point. Only a GPU that cannot give samples at all
 // (ERROR_NOT_SUPPORTED), or a failed call, leaves processes without one.
 //
+// NVML that breaks under a running process is initialized again: a reading
+// that cannot count the GPUs, or reads none of them, makes the next reading
+// shut NVML down and call Init again, with backoff while that does not
+// help (recover.go). Readings that fail because the library and the driver
+// no longer fit (ERROR_LIB_RM_VERSION_MISMATCH, ERROR_DRIVER_NOT_LOADED,
+// ERROR_UNINITIALIZED) or because a GPU is gone (ERROR_GPU_IS_LOST) fail
+// the GPU; ERROR_UNKNOWN fails it from a required call and empties an
+// optional reading. Init failures name their usual cause and fix.
+//
 // Xid events are read by a goroutine waiting on an NVML event set with
-// EventTypeXidCriticalError registered on every GPU that supports it.
+// EventTypeXidCriticalError registered on every GPU that supports it; the
+// set is created again after each re-initialization, and counts go on.
 package nvmlbackend
 
 import (
@@ -37,6 +53,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -59,6 +76,18 @@ type Options struct {
 	Logger *slog.Logger
 	// XidPollTimeout is how long each wait on the event set lasts.
 	XidPollTimeout time.Duration
+	// RetryInit makes New succeed when NVML cannot be initialized: the
+	// backend starts without NVML, every Snapshot fails (wrapping
+	// gpu.ErrUnavailable, naming the likely fix) and Init is tried again
+	// with backoff. The exporter uses it so that it keeps serving, and says
+	// why, where a crash loop would only hide the message behind restarts.
+	RetryInit bool
+	// InitBackoff is the wait after a failed re-initialization before the
+	// next, doubled at each further failure up to MaxInitBackoff. Zero
+	// means DefaultInitBackoff and DefaultMaxInitBackoff.
+	InitBackoff, MaxInitBackoff time.Duration
+	// Now is the clock of the backoff; nil means time.Now.
+	Now func() time.Time
 }
 
 // Backend reads GPUs through NVML. It is safe for concurrent use.
@@ -76,15 +105,26 @@ type Backend struct {
 	// failing holds the optional readings that failed at their last try
 	// and have been logged, so that a lasting failure is logged once.
 	failing map[reading]bool
+	// unsupported holds the readings that answered ERROR_NOT_SUPPORTED and
+	// have been logged: what a GPU does not support it never will, so that
+	// is said once.
+	unsupported map[reading]bool
+	// period is, per GPU UUID, the shortest gap seen between two process
+	// utilization samples: the driver's sample period, estimated.
+	period map[string]uint64
 
-	events nvml.EventSet // nil when no GPU reports Xid events
-	// xidGPUs maps the UUID of each GPU registered on events to its index;
-	// written before the event goroutine starts, then only read.
-	xidGPUs map[string]int
-	stop    chan struct{}
-	done    chan struct{}
-	// life keeps Close from shutting NVML down (which unloads the library)
-	// under a running Snapshot; closed turns later Snapshots away.
+	// ready says NVML is initialized: until it is, no call but Init may be
+	// made (without libnvidia-ml any other call kills the process). ready
+	// and xid change only under life's write lock.
+	ready bool
+	// xid reads Xid events; nil when no GPU reports them or NVML is down.
+	xid          *xidReader
+	xidTimeoutMs uint32
+	// init holds the re-initialization state, guarded by mu.
+	init initState
+	// life keeps Close (and a re-initialization) from shutting NVML down,
+	// which unloads the library, under a running Snapshot; closed turns
+	// later Snapshots away.
 	life     sync.RWMutex
 	closed   bool
 	closeErr error
@@ -95,20 +135,19 @@ var _ gpu.Backend = (*Backend)(nil)
 
 // New initializes NVML through lib and starts reading Xid events. When
 // NVML cannot be initialized it returns an error wrapping
-// gpu.ErrUnavailable that names NVML's return, and makes no other call on
-// lib. A GPU that cannot report Xid events is logged and read without them.
+// gpu.ErrUnavailable and the nvml.Return, with the likely fix, and makes no
+// other call on lib; with Options.RetryInit it logs that error and returns
+// a backend that tries again. A GPU that cannot report Xid events is logged
+// and read without them.
 func New(lib nvml.Interface, opts Options) (*Backend, error) {
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("%w: nvml init: %s", gpu.ErrUnavailable, ret.Error())
-	}
 	b := &Backend{
-		lib:      lib,
-		log:      opts.Logger,
-		lastSeen: make(map[string]uint64),
-		failing:  make(map[reading]bool),
-		xidGPUs:  make(map[string]int),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		lib:         lib,
+		log:         opts.Logger,
+		lastSeen:    make(map[string]uint64),
+		failing:     make(map[reading]bool),
+		unsupported: make(map[reading]bool),
+		period:      make(map[string]uint64),
+		init:        newInitState(opts),
 	}
 	if b.log == nil {
 		b.log = slog.Default()
@@ -117,32 +156,62 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 	if timeout <= 0 {
 		timeout = DefaultXidPollTimeout
 	}
-	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+	b.xidTimeoutMs = uint32(min(timeout.Milliseconds(), int64(^uint32(0))))
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		err := initError(ret)
+		if !opts.RetryInit {
+			return nil, err
+		}
+		retry := b.init.failed(err)
+		b.log.Error("nvml: cannot initialize NVML; no GPU metrics until it can, retrying", "error", err, "retry_in", retry)
+		return b, nil
+	}
+	b.start()
+	return b, nil
+}
+
+// start reads what is read once per NVML initialization and starts the Xid
+// reader. Callers hold life's write lock, or own b alone.
+func (b *Backend) start() {
+	b.ready = true
+	if v, ret := b.lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		b.driverVersion = v
 	} else {
 		b.log.Warn("nvml: cannot read the driver version", "error", ret.Error())
 	}
-	b.events = b.registerXidEvents()
-	if b.events == nil {
-		close(b.done)
-		return b, nil
+	b.xid = b.registerXidEvents()
+	if b.xid != nil {
+		go b.readXidEvents(b.xid)
 	}
-	go b.readXidEvents(uint32(min(timeout.Milliseconds(), int64(^uint32(0)))))
-	return b, nil
 }
 
 // Snapshot reads every GPU. It fails as a whole (wrapping
-// gpu.ErrUnavailable) only when the GPUs cannot be counted, or after Close.
-// A failed GPU's error wraps the nvml.Return of the call that failed.
+// gpu.ErrUnavailable) when NVML is not initialized, when the GPUs cannot be
+// counted, or after Close. A failed GPU's error wraps the nvml.Return of
+// the call that failed.
+//
+// A reading that cannot count the GPUs, or that counts some and reads none,
+// means NVML itself is broken: the driver was unloaded or upgraded under
+// the process (ERROR_DRIVER_NOT_LOADED, ERROR_LIB_RM_VERSION_MISMATCH), the
+// container lost its device access (ERROR_UNKNOWN after a systemd
+// daemon-reload), or every GPU fell off the bus (ERROR_GPU_IS_LOST). The
+// next Snapshot then shuts NVML down and initializes it again, and keeps
+// trying with backoff until a reading gives a GPU.
 func (b *Backend) Snapshot(ctx context.Context) (gpu.Snapshot, error) {
+	b.reinitIfDue()
 	b.life.RLock()
 	defer b.life.RUnlock()
 	if b.closed {
 		return gpu.Snapshot{}, fmt.Errorf("%w: nvml backend closed", gpu.ErrUnavailable)
 	}
+	if !b.ready {
+		return gpu.Snapshot{}, b.init.unavailable(b.now())
+	}
 	n, ret := b.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return gpu.Snapshot{}, fmt.Errorf("%w: nvml device count: %s", gpu.ErrUnavailable, ret.Error())
+		err := fmt.Errorf("%w: nvml device count: %w", gpu.ErrUnavailable, ret)
+		b.brokenBy(err)
+		return gpu.Snapshot{}, err
 	}
 	s := gpu.Snapshot{DriverVersion: b.driverVersion, Devices: make([]gpu.Device, 0, n)}
 	for i := range n {
@@ -155,6 +224,17 @@ func (b *Backend) Snapshot(ctx context.Context) (gpu.Snapshot, error) {
 			continue
 		}
 		s.Devices = append(s.Devices, d)
+	}
+	switch {
+	case len(s.Devices) > 0:
+		b.mu.Lock()
+		recovered := b.init.readable()
+		b.mu.Unlock()
+		if recovered {
+			b.log.Info("nvml: GPUs readable again")
+		}
+	case len(s.Failed) > 0:
+		b.brokenBy(fmt.Errorf("no GPU readable: %w", &s.Failed[0]))
 	}
 	return s, nil
 }
@@ -207,6 +287,13 @@ func (b *Backend) optional(uuid, call string, ret nvml.Return) (ok bool, err err
 		return true, nil
 	case ret == nvml.ERROR_NOT_SUPPORTED:
 		b.answered(uuid, call)
+		b.mu.Lock()
+		logged := b.unsupported[reading{uuid, call}]
+		b.unsupported[reading{uuid, call}] = true
+		b.mu.Unlock()
+		if !logged {
+			b.log.Info("nvml: GPU does not support a reading; it has no series", "uuid", uuid, "reading", call)
+		}
 		return false, nil
 	case gpuGone(ret):
 		return false, &callError{call, ret}
@@ -265,18 +352,24 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 		return fail(err)
 	} else if ok {
 		d.Utilization = min(float64(util.Gpu)/100, 1)
+	} else {
+		d.Missing |= gpu.ReadingUtilization
 	}
 	temp, ret := h.GetTemperature(nvml.TEMPERATURE_GPU)
 	if ok, err := b.optional(d.UUID, callTemperature, ret); err != nil {
 		return fail(err)
 	} else if ok {
 		d.TemperatureCelsius = float64(temp)
+	} else {
+		d.Missing |= gpu.ReadingTemperature
 	}
 	mw, ret := h.GetPowerUsage()
 	if ok, err := b.optional(d.UUID, callPower, ret); err != nil {
 		return fail(err)
 	} else if ok {
 		d.PowerWatts = float64(mw) / 1000
+	} else {
+		d.Missing |= gpu.ReadingPower
 	}
 	procs, err := b.readProcesses(h, d.UUID)
 	if err != nil {
@@ -294,8 +387,8 @@ const notAvailable = ^uint64(0)
 // readProcesses merges the compute and graphics process lists (a process
 // with both kinds of context is listed in both, each time with its whole
 // memory, so it counts once with the larger figure) and adds each process's
-// newest SM sample. Its error is a GPU that is gone; a list or the samples
-// that cannot be read are left out.
+// SM utilization averaged since the previous reading. Its error is a GPU
+// that is gone; a list or the samples that cannot be read are left out.
 func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, error) {
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
@@ -329,48 +422,117 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, erro
 	slices.SortFunc(procs, func(a, b gpu.Process) int { return cmp.Compare(a.PID, b.PID) })
 
 	b.mu.Lock()
-	since := b.lastSeen[uuid]
+	since, period := b.lastSeen[uuid], b.period[uuid]
 	b.mu.Unlock()
 	samples, ret := h.GetProcessUtilization(since)
 	// go-nvml returns ERROR_INSUFFICIENT_SIZE with no samples when NVML
 	// sized the sample buffer at zero: no samples, as ERROR_NOT_FOUND says.
-	if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0 {
-		b.answered(uuid, callProcessUtil)
-		// No sample since the last reading: no process has run a kernel
-		// since, which is an SM utilization of 0, not an unknown one.
-		for j := range procs {
-			procs[j].HasSMUtilization = true
-		}
-		return procs, nil
+	if ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0 {
+		ret = nvml.ERROR_NOT_FOUND
 	}
-	if ok, err := b.optional(uuid, callProcessUtil, ret); err != nil {
+	if ret == nvml.ERROR_NOT_FOUND {
+		b.answered(uuid, callProcessUtil)
+		samples = nil
+	} else if ok, err := b.optional(uuid, callProcessUtil, ret); err != nil {
 		return nil, err
 	} else if !ok {
 		return procs, nil
 	}
-	newest := since
-	latest := make(map[int]nvml.ProcessUtilizationSample, len(samples))
-	for _, s := range samples {
-		newest = max(newest, s.TimeStamp)
-		if old, ok := latest[int(s.Pid)]; !ok || s.TimeStamp >= old.TimeStamp {
-			latest[int(s.Pid)] = s
-		}
-	}
+	avg := averageSM(samples, since, period)
 	b.mu.Lock()
-	b.lastSeen[uuid] = max(b.lastSeen[uuid], newest)
+	b.lastSeen[uuid] = max(b.lastSeen[uuid], avg.newest)
+	if avg.period > 0 && (b.period[uuid] == 0 || avg.period < b.period[uuid]) {
+		b.period[uuid] = avg.period
+	}
 	b.mu.Unlock()
 	for j := range procs {
-		if s, ok := latest[procs[j].PID]; ok {
-			procs[j].SMUtilization = min(float64(s.SmUtil)/100, 1)
-			procs[j].HasSMUtilization = true
-		}
+		// NVML returns a sample only for a process "that had some non-zero
+		// utilization during the last sample period" and ERROR_NOT_FOUND
+		// when there is no sample since lastSeenTimeStamp (NVML API
+		// Reference, nvmlDeviceGetProcessUtilization): a listed process
+		// without a sample ran no kernel, which is 0, not unknown.
+		procs[j].SMUtilization = avg.byPID[procs[j].PID]
+		procs[j].HasSMUtilization = true
 	}
 	return procs, nil
 }
 
+// smAverage is what averageSM found in one reading's samples.
+type smAverage struct {
+	byPID  map[int]float64 // 0..1, over the reading's interval
+	newest uint64          // newest sample timestamp, the next lastSeen
+	period uint64          // shortest gap between two sample timestamps; 0 if none
+}
+
+// averageSM averages each process's SM samples over the sample periods
+// between since (the previous reading's newest timestamp, 0 for none) and
+// the newest sample, so a process busy for one period out of ten reads a
+// tenth of that period's figure, not the newest point.
+//
+// NVML gives one sample per process per sample period, and only for
+// periods in which the process was busy; periods in which no process ran
+// leave no sample at all. The number of periods in the interval is
+// therefore counted from the timestamps (microseconds, NVML's CPU
+// timestamps): the interval's length divided by the sample period, which
+// is the shortest gap between two distinct sample timestamps seen on this
+// GPU (knownPeriod, from earlier readings, or this one's). Without a
+// period (a single timestamp ever seen) each distinct timestamp is one
+// period. Samples not newer than since are skipped: a driver that returns
+// them again must not count them twice.
+func averageSM(samples []nvml.ProcessUtilizationSample, since, knownPeriod uint64) smAverage {
+	res := smAverage{byPID: map[int]float64{}, newest: since}
+	var stamps []uint64
+	sums := map[int]float64{}
+	for _, s := range samples {
+		if s.TimeStamp <= since {
+			continue
+		}
+		stamps = append(stamps, s.TimeStamp)
+		sums[int(s.Pid)] += float64(s.SmUtil) / 100
+		res.newest = max(res.newest, s.TimeStamp)
+	}
+	if len(stamps) == 0 {
+		return res
+	}
+	slices.Sort(stamps)
+	stamps = slices.Compact(stamps)
+	for i := 1; i < len(stamps); i++ {
+		if gap := stamps[i] - stamps[i-1]; res.period == 0 || gap < res.period {
+			res.period = gap
+		}
+	}
+	period := knownPeriod
+	if res.period > 0 && (period == 0 || res.period < period) {
+		period = res.period
+	}
+	periods := float64(len(stamps))
+	if period > 0 {
+		start := since
+		if start == 0 || start >= stamps[0] {
+			// No previous reading: the interval opens one period before
+			// the oldest sample, which covers that period.
+			start = stamps[0] - min(period, stamps[0])
+		}
+		periods = max(periods, math.Round(float64(res.newest-start)/float64(period)))
+	}
+	for pid, sum := range sums {
+		res.byPID[pid] = min(sum/periods, 1)
+	}
+	return res
+}
+
+// xidReader is one event set with its GPUs and the goroutine reading it.
+type xidReader struct {
+	set nvml.EventSet
+	// gpus maps the UUID of each GPU registered on set to its index;
+	// written before the goroutine starts, then only read.
+	gpus       map[string]int
+	stop, done chan struct{}
+}
+
 // registerXidEvents creates an event set and registers Xid critical errors
 // on every GPU that supports them. It returns nil when none does.
-func (b *Backend) registerXidEvents() nvml.EventSet {
+func (b *Backend) registerXidEvents() *xidReader {
 	set, ret := b.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
 		b.log.Warn("nvml: cannot create an event set; Xid errors will not be counted", "error", ret.Error())
@@ -382,6 +544,7 @@ func (b *Backend) registerXidEvents() nvml.EventSet {
 		set.Free()
 		return nil
 	}
+	r := &xidReader{set: set, gpus: make(map[string]int), stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range n {
 		log := b.log.With("gpu", i)
 		h, ret := b.lib.DeviceGetHandleByIndex(i)
@@ -408,37 +571,38 @@ func (b *Backend) registerXidEvents() nvml.EventSet {
 			log.Warn("nvml: cannot register Xid events; its Xid errors will not be counted", "error", ret.Error())
 			continue
 		}
-		b.xidGPUs[uuid] = i
+		r.gpus[uuid] = i
 	}
-	if len(b.xidGPUs) == 0 {
+	if len(r.gpus) == 0 {
 		set.Free()
 		return nil
 	}
-	return set
+	return r
 }
 
-// readXidEvents waits on the event set until Close. NVML's wait cannot be
-// interrupted, so it waits at most timeoutMs at a time and checks for Close
-// in between.
-func (b *Backend) readXidEvents(timeoutMs uint32) {
-	defer close(b.done)
+// readXidEvents waits on r's event set until r is stopped. NVML's wait
+// cannot be interrupted, so it waits at most xidTimeoutMs at a time and
+// checks for the stop in between.
+func (b *Backend) readXidEvents(r *xidReader) {
+	defer close(r.done)
+	timeoutMs := b.xidTimeoutMs
 	for {
 		select {
-		case <-b.stop:
+		case <-r.stop:
 			return
 		default:
 		}
-		e, ret := b.events.Wait(timeoutMs)
+		e, ret := r.set.Wait(timeoutMs)
 		switch ret {
 		case nvml.SUCCESS:
-			b.countXid(e)
+			b.countXid(r, e)
 		case nvml.ERROR_TIMEOUT:
 		default:
 			// Some failures return at once; waiting before the next try
 			// keeps a broken event set from spinning a CPU.
 			b.log.Warn("nvml: waiting for Xid events failed", "error", ret.Error())
 			select {
-			case <-b.stop:
+			case <-r.stop:
 				return
 			case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
 			}
@@ -446,7 +610,7 @@ func (b *Backend) readXidEvents(timeoutMs uint32) {
 	}
 }
 
-func (b *Backend) countXid(e nvml.EventData) {
+func (b *Backend) countXid(r *xidReader, e nvml.EventData) {
 	if e.EventType != nvml.EventTypeXidCriticalError {
 		return
 	}
@@ -459,7 +623,7 @@ func (b *Backend) countXid(e nvml.EventData) {
 		b.log.Warn("nvml: cannot read the UUID of the GPU of an Xid event, not counted", "xid", e.EventData, "error", ret.Error())
 		return
 	}
-	index, ok := b.xidGPUs[uuid]
+	index, ok := r.gpus[uuid]
 	if !ok {
 		b.log.Warn("nvml: Xid event from a GPU not registered, not counted", "uuid", uuid, "xid", e.EventData)
 		return
@@ -473,23 +637,39 @@ func (b *Backend) Xids() []gpu.XidCount {
 	return b.xids.List()
 }
 
+// stopXids stops the Xid reader and frees its event set (NVML forbids
+// freeing a set while a goroutine waits on it). Callers hold life's write
+// lock.
+func (b *Backend) stopXids() error {
+	r := b.xid
+	if r == nil {
+		return nil
+	}
+	b.xid = nil
+	close(r.stop)
+	<-r.done
+	if ret := r.set.Free(); ret != nvml.SUCCESS {
+		return &callError{"free event set", ret}
+	}
+	return nil
+}
+
 // Close stops the Xid reader, frees the event set and shuts NVML down. It
 // may be called more than once; later calls return the first result.
 func (b *Backend) Close() error {
 	b.once.Do(func() {
-		close(b.stop)
-		<-b.done
 		b.life.Lock()
 		defer b.life.Unlock()
 		b.closed = true
 		var errs []error
-		if b.events != nil {
-			if ret := b.events.Free(); ret != nvml.SUCCESS {
-				errs = append(errs, &callError{"free event set", ret})
-			}
+		if err := b.stopXids(); err != nil {
+			errs = append(errs, err)
 		}
-		if ret := b.lib.Shutdown(); ret != nvml.SUCCESS {
-			errs = append(errs, &callError{"shutdown", ret})
+		if b.ready {
+			b.ready = false
+			if ret := b.lib.Shutdown(); ret != nvml.SUCCESS {
+				errs = append(errs, &callError{"shutdown", ret})
+			}
 		}
 		if err := errors.Join(errs...); err != nil {
 			b.closeErr = fmt.Errorf("nvml close: %w", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/gpuslice/gpuslice/internal/gpu"
 	"github.com/gpuslice/gpuslice/internal/gpu/internal/xidcount"
@@ -21,6 +23,9 @@ import (
 )
 
 const gib = 1 << 30
+
+// approx compares utilization ratios computed by division.
+var approx = cmpopts.EquateApprox(0, 1e-12)
 
 // node is a DGX A100 from go-nvml's mock with the calls dgxa100 leaves
 // unset filled in: every GPU idle, supported, with no process.
@@ -142,15 +147,19 @@ func TestSnapshot(t *testing.T) {
 			{Pid: 100, UsedGpuMemory: gib},     // also compute, which has more
 		}, nvml.SUCCESS
 	}
+	// Samples come one per busy process and sample period (100 ms here),
+	// timestamped in microseconds. PID 100 was busy in two of the three
+	// periods, PID 300 in one; PID 200 and 400 in none, so NVML gives no
+	// sample for them.
 	g0.GetProcessUtilizationFunc = func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
-		if lastSeen >= 2000 {
+		if lastSeen >= 300_000 {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
 		return []nvml.ProcessUtilizationSample{
-			{Pid: 100, TimeStamp: 2000, SmUtil: 35},
-			{Pid: 100, TimeStamp: 1000, SmUtil: 20}, // older sample of the same process
-			{Pid: 300, TimeStamp: 1500, SmUtil: 5},
-			{Pid: 999, TimeStamp: 1800, SmUtil: 50}, // exited since: not listed
+			{Pid: 100, TimeStamp: 200_000, SmUtil: 35},
+			{Pid: 100, TimeStamp: 100_000, SmUtil: 20}, // older sample of the same process
+			{Pid: 300, TimeStamp: 200_000, SmUtil: 5},
+			{Pid: 999, TimeStamp: 300_000, SmUtil: 50}, // exited since: not listed
 		}, nvml.SUCCESS
 	}
 	b := n.open(t)
@@ -168,14 +177,16 @@ func TestSnapshot(t *testing.T) {
 		Utilization:        0,
 		TemperatureCelsius: 40,
 		PowerWatts:         100,
+		// Averages over the three periods up to the newest sample, not the
+		// newest point; a listed process without a sample ran no kernel.
 		Processes: []gpu.Process{
-			{PID: 100, UsedMemoryBytes: 3 * gib, SMUtilization: 0.35, HasSMUtilization: true},
-			{PID: 200, UsedMemoryBytes: 0},
-			{PID: 300, UsedMemoryBytes: 2 * gib, SMUtilization: 0.05, HasSMUtilization: true},
-			{PID: 400, UsedMemoryBytes: gib / 2},
+			{PID: 100, UsedMemoryBytes: 3 * gib, SMUtilization: (0.20 + 0.35) / 3, HasSMUtilization: true},
+			{PID: 200, UsedMemoryBytes: 0, HasSMUtilization: true},
+			{PID: 300, UsedMemoryBytes: 2 * gib, SMUtilization: 0.05 / 3, HasSMUtilization: true},
+			{PID: 400, UsedMemoryBytes: gib / 2, HasSMUtilization: true},
 		},
 	}
-	if diff := cmp.Diff(want0, got.Devices[0]); diff != "" {
+	if diff := cmp.Diff(want0, got.Devices[0], approx); diff != "" {
 		t.Errorf("GPU 0 (-want +got):\n%s", diff)
 	}
 	want5 := gpu.Device{
@@ -192,8 +203,8 @@ func TestSnapshot(t *testing.T) {
 	// process reads 0, which is a figure, not a missing one.
 	got = snapshot(t, b)
 	calls := g0.GetProcessUtilizationCalls()
-	if len(calls) != 2 || calls[0].V != 0 || calls[1].V != 2000 {
-		t.Errorf("GetProcessUtilization calls %+v, want lastSeen 0 then 2000", calls)
+	if len(calls) != 2 || calls[0].V != 0 || calls[1].V != 300_000 {
+		t.Errorf("GetProcessUtilization calls %+v, want lastSeen 0 then 300000", calls)
 	}
 	wantIdle := []gpu.Process{
 		{PID: 100, UsedMemoryBytes: 3 * gib, HasSMUtilization: true},
@@ -293,8 +304,10 @@ func TestOneGPUFails(t *testing.T) {
 				}
 			},
 			check: func(t *testing.T, d gpu.Device) {
+				// No series for what the GPU cannot tell: Missing, not 0.
 				want := gpu.Device{
 					Index: 3, UUID: d.UUID, Name: d.Name, MemoryTotalBytes: 40 * gib, MemoryUsedBytes: 3 * gib,
+					Missing:   gpu.ReadingUtilization | gpu.ReadingTemperature | gpu.ReadingPower,
 					Processes: []gpu.Process{{PID: 7, UsedMemoryBytes: gib}},
 				}
 				if diff := cmp.Diff(want, d); diff != "" {
@@ -360,22 +373,27 @@ var optionalReadings = []reading{
 	}, func(d *gpu.Device) { d.Name = "" }},
 	{"get utilization", func(g *dgxa100.Device, ret nvml.Return) {
 		g.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, ret }
-	}, func(d *gpu.Device) { d.Utilization = 0 }},
+	}, func(d *gpu.Device) { d.Utilization, d.Missing = 0, d.Missing|gpu.ReadingUtilization }},
 	{"get temperature", func(g *dgxa100.Device, ret nvml.Return) {
 		g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, ret }
-	}, func(d *gpu.Device) { d.TemperatureCelsius = 0 }},
+	}, func(d *gpu.Device) { d.TemperatureCelsius, d.Missing = 0, d.Missing|gpu.ReadingTemperature }},
 	{"get power usage", func(g *dgxa100.Device, ret nvml.Return) {
 		g.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, ret }
-	}, func(d *gpu.Device) { d.PowerWatts = 0 }},
+	}, func(d *gpu.Device) { d.PowerWatts, d.Missing = 0, d.Missing|gpu.ReadingPower }},
 	{"get compute processes", func(g *dgxa100.Device, ret nvml.Return) {
 		g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, ret }
-	}, func(d *gpu.Device) { d.Processes = []gpu.Process{{PID: 8, UsedMemoryBytes: gib}} }},
+	}, func(d *gpu.Device) {
+		d.Processes = []gpu.Process{{PID: 8, UsedMemoryBytes: gib, HasSMUtilization: true}}
+	}},
 	{"get graphics processes", func(g *dgxa100.Device, ret nvml.Return) {
 		g.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, ret }
 	}, func(d *gpu.Device) { d.Processes = d.Processes[:1] }},
 	{"get process utilization", func(g *dgxa100.Device, ret nvml.Return) {
 		g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) { return nil, ret }
-	}, func(d *gpu.Device) { d.Processes[0].SMUtilization, d.Processes[0].HasSMUtilization = 0, false }},
+	}, func(d *gpu.Device) {
+		d.Processes[0].SMUtilization, d.Processes[0].HasSMUtilization = 0, false
+		d.Processes[1].HasSMUtilization = false
+	}},
 }
 
 // busyNode is newNode with processes on GPU 3, so that every optional
@@ -397,7 +415,7 @@ func busyNode(t testing.TB) (*node, gpu.Device) {
 		Utilization: 0.3, TemperatureCelsius: 43, PowerWatts: 100.75,
 		Processes: []gpu.Process{
 			{PID: 7, UsedMemoryBytes: 2 * gib, SMUtilization: 0.6, HasSMUtilization: true},
-			{PID: 8, UsedMemoryBytes: gib},
+			{PID: 8, UsedMemoryBytes: gib, HasSMUtilization: true}, // listed, no sample: idle
 		},
 	}
 }
@@ -488,7 +506,7 @@ func TestOptionalReadingFailureLoggedOnce(t *testing.T) {
 	}
 	g4.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
 	g4.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_NO_PERMISSION }
-	// An unsupported reading is normal, and never logged.
+	// An unsupported reading is normal, and logged once.
 	n.gpus[5].GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 
 	warned := func(g *dgxa100.Device, reading string) int {
@@ -508,8 +526,8 @@ func TestOptionalReadingFailureLoggedOnce(t *testing.T) {
 	if c := logs.count("ERROR_UNKNOWN", g3.UUID); c != 1 {
 		t.Errorf("the warning names the NVML error %d times, want 1", c)
 	}
-	if c := logs.count(n.gpus[5].UUID); c != 0 {
-		t.Errorf("an unsupported reading was logged %d times", c)
+	if c, w := logs.count(n.gpus[5].UUID), logs.count("level=INFO", n.gpus[5].UUID, `reading="get power usage"`, "no series"); c != 1 || w != 1 {
+		t.Errorf("an unsupported reading was logged %d times (%d at INFO saying it has no series), want once", c, w)
 	}
 
 	// setPower changes GPU 3's power reading, then reads twice.
@@ -568,6 +586,66 @@ func TestProcessUtilizationWithoutSamples(t *testing.T) {
 				t.Errorf("processes (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestProcessUtilizationAveragesSinceLastReading: each reading averages the
+// samples NVML kept since the previous one over the sample periods in
+// between, counting the periods in which no process ran (they leave no
+// sample), and never counts a sample twice.
+func TestProcessUtilizationAveragesSinceLastReading(t *testing.T) {
+	const ms = 1000 // NVML timestamps are in microseconds
+	type sample = nvml.ProcessUtilizationSample
+	readings := []struct {
+		name    string
+		samples []sample // what NVML returns for this reading
+		want    map[int]float64
+	}{
+		{"first reading: two periods, PID 1 busy in both, PID 2 in one",
+			[]sample{{Pid: 1, TimeStamp: 100 * ms, SmUtil: 40}, {Pid: 1, TimeStamp: 200 * ms, SmUtil: 60}, {Pid: 2, TimeStamp: 200 * ms, SmUtil: 30}},
+			map[int]float64{1: 0.5, 2: 0.15}},
+		{"one busy period out of ten since the last reading",
+			[]sample{{Pid: 2, TimeStamp: 1200 * ms, SmUtil: 80}},
+			map[int]float64{1: 0, 2: 0.08}},
+		{"the driver repeats an old sample: not counted again",
+			[]sample{{Pid: 2, TimeStamp: 1200 * ms, SmUtil: 80}, {Pid: 1, TimeStamp: 1300 * ms, SmUtil: 100}},
+			map[int]float64{1: 1, 2: 0}},
+		{"nothing since: both idle",
+			nil,
+			map[int]float64{1: 0, 2: 0}},
+	}
+	n := newNode(t)
+	g := n.gpus[1]
+	g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: 1, UsedGpuMemory: gib}, {Pid: 2, UsedGpuMemory: gib}}, nvml.SUCCESS
+	}
+	var current []sample
+	g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		if len(current) == 0 {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return current, nvml.SUCCESS
+	}
+	b := n.open(t)
+	for _, r := range readings {
+		current = r.samples
+		got := map[int]float64{}
+		for _, p := range snapshot(t, b).Devices[1].Processes {
+			if !p.HasSMUtilization {
+				t.Errorf("%s: PID %d has no SM utilization", r.name, p.PID)
+			}
+			got[p.PID] = p.SMUtilization
+		}
+		if diff := cmp.Diff(r.want, got, approx); diff != "" {
+			t.Errorf("%s: SM utilization by PID (-want +got):\n%s", r.name, diff)
+		}
+	}
+	var since []uint64
+	for _, c := range g.GetProcessUtilizationCalls() {
+		since = append(since, c.V)
+	}
+	if want := []uint64{0, 200 * ms, 1200 * ms, 1300 * ms}; !slices.Equal(since, want) {
+		t.Errorf("lastSeen passed to NVML = %v, want %v", since, want)
 	}
 }
 

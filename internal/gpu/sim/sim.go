@@ -14,7 +14,11 @@
 //   - gpus[].error: that GPU fails every reading with this text (it is put in
 //     Snapshot.Failed), the way a GPU fails an NVML call;
 //   - processes[].smUtilization may be left out: the process then has no SM
-//     sample (gpu.Process.HasSMUtilization is false).
+//     sample (gpu.Process.HasSMUtilization is false);
+//   - gpus[].unsupported: readings the GPU does not give, any of
+//     "utilization", "temperature", "power" (gpu.Device.Missing), as NVML
+//     answers NOT_SUPPORTED for power on a card without a sensor or for
+//     utilization on a MIG-enabled GPU.
 //
 // Xid events: each xidEvents entry is one event. The count for a (GPU UUID,
 // Xid) pair is the number of entries with that Xid listed for that GPU, and
@@ -61,6 +65,9 @@ type GPU struct {
 	TemperatureCelsius float64    `yaml:"temperatureCelsius"`
 	PowerWatts         float64    `yaml:"powerWatts"`
 	XidEvents          []XidEvent `yaml:"xidEvents,omitempty"`
+	// Unsupported names readings the GPU does not give: "utilization",
+	// "temperature", "power". Their values above are ignored.
+	Unsupported []string `yaml:"unsupported,omitempty"`
 	// Error, when set, makes this GPU fail every reading with this text.
 	Error     string    `yaml:"error,omitempty"`
 	Processes []Process `yaml:"processes,omitempty"`
@@ -187,6 +194,19 @@ func (f *File) snapshot() gpu.Snapshot {
 			TemperatureCelsius: g.TemperatureCelsius,
 			PowerWatts:         g.PowerWatts,
 		}
+		for _, name := range g.Unsupported {
+			r, _ := gpu.ReadingNamed(name) // validated when read
+			d.Missing |= r
+		}
+		if d.Missing.Has(gpu.ReadingUtilization) {
+			d.Utilization = 0
+		}
+		if d.Missing.Has(gpu.ReadingTemperature) {
+			d.TemperatureCelsius = 0
+		}
+		if d.Missing.Has(gpu.ReadingPower) {
+			d.PowerWatts = 0
+		}
 		var used uint64
 		if len(g.Processes) > 0 {
 			d.Processes = make([]gpu.Process, len(g.Processes))
@@ -267,6 +287,11 @@ func (f *File) validate() error {
 		uuids[g.UUID] = i
 		if !(g.Utilization >= 0 && g.Utilization <= 1) {
 			return gerr("utilization", "%v is outside 0..1", g.Utilization)
+		}
+		for _, name := range g.Unsupported {
+			if _, ok := gpu.ReadingNamed(name); !ok {
+				return gerr("unsupported", "%q is not a reading (want utilization, temperature or power)", name)
+			}
 		}
 		pids := make(map[int]int, len(g.Processes))
 		for j, p := range g.Processes {

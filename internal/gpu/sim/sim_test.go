@@ -72,6 +72,17 @@ func TestSnapshotFiles(t *testing.T) {
 			wantXids: []gpu.XidCount{},
 		},
 		{
+			file: "unsupported.yaml",
+			want: gpu.Snapshot{
+				DriverVersion: "sim",
+				Devices: []gpu.Device{{
+					Index: 0, UUID: "GPU-a", MemoryTotalBytes: 1000, TemperatureCelsius: 50,
+					Missing: gpu.ReadingUtilization | gpu.ReadingPower,
+				}},
+			},
+			wantXids: []gpu.XidCount{},
+		},
+		{
 			file:     "no-gpus.yaml",
 			want:     gpu.Snapshot{DriverVersion: "sim", Devices: []gpu.Device{}},
 			wantXids: []gpu.XidCount{},
@@ -124,6 +135,7 @@ func TestSnapshotInvalidFiles(t *testing.T) {
 		{"wrong-type.yaml", []string{"line 3", "lots"}},
 		{"malformed.yaml", []string{"line 3", "unexpected end of stream"}},
 		{"empty.yaml", []string{"file is empty"}},
+		{"unsupported-name.yaml", []string{"line 4", "gpus[0].unsupported", `"fan" is not a reading`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
