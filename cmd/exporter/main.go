@@ -45,6 +45,7 @@ type options struct {
 	oomPatterns                    stringList
 	oomOff                         bool
 	oomMaxRead                     int64
+	oomInterval                    time.Duration
 	gpuFailureThreshold            int
 	log                            logging.Flags
 }
@@ -75,7 +76,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.podLogs, "path.pod-logs", "/var/log/pods", "The kubelet's pod log directory, scanned for GPU OOM messages.")
 	fs.Var(&o.oomPatterns, "oom.pattern", "Regular expression of a GPU OOM log line; repeat the flag for several. Setting it replaces the built-in catalogue (PyTorch, TensorFlow, JAX, llama.cpp/ollama, vLLM, ONNX Runtime, TensorRT, NVENC, CTranslate2, CuPy, Paddle, darknet, OptiX, CUDA driver, cuBLAS, cuDNN, NCCL messages; internal/oom/catalogue.go). Lines about host (pinned) memory never count.")
 	fs.BoolVar(&o.oomOff, "oom.disable", false, "Turn GPU OOM detection off.")
-	fs.Int64Var(&o.oomMaxRead, "oom.max-read-bytes", oom.DefaultMaxReadBytes, "Most bytes read from one log file per scrape.")
+	fs.Int64Var(&o.oomMaxRead, "oom.max-read-bytes", oom.DefaultMaxReadBytes, "Most bytes read from one log file per scan.")
+	fs.DurationVar(&o.oomInterval, "oom.scan-interval", exporter.DefaultOOMWatchInterval, "How often GPU containers' logs and terminations are read between scrapes (also at every pod change), so that no run of a crash loop is lost whatever the scrape interval.")
 	fs.IntVar(&o.gpuFailureThreshold, "healthz.gpu-failure-threshold", 3, "Collections in a row (scrapes, or /healthz probes when nothing scrapes) that read no GPU before /healthz fails and the kubelet restarts the exporter, which is what brings back NVML broken under a running container; 0 never fails. An exporter that never read a GPU stays healthy and logs what to fix.")
 	o.log.Register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -148,6 +150,7 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	exp := exporter.New(cfg)
+	go exp.RunOOMWatch(ctx, o.oomInterval)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(exp, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("gpuslice-exporter listening", "address", o.listen, "path", o.metricsPath, "backend", o.backend, "pods", o.podsSource)

@@ -79,6 +79,9 @@ type Exporter struct {
 	index map[string]string
 	// health judges /healthz from the GPU readings (its own lock).
 	health *health
+	// gpuResources are the resource names the kubelet has listed GPU
+	// devices for (RunOOMWatch watches containers asking for them).
+	gpuResources map[string]bool
 }
 
 // New builds an Exporter.
@@ -102,6 +105,8 @@ func New(cfg Config) *Exporter {
 		ooms:   newOOMCounter(),
 		index:  map[string]string{},
 		health: &health{max: cfg.MaxGPUFailures},
+
+		gpuResources: map[string]bool{},
 	}
 }
 

@@ -52,49 +52,68 @@ func newOOMCounter() *oomCounter {
 	return &oomCounter{watch: map[containerKey]*watched{}, counts: map[oomKey]*oomCount{}}
 }
 
-func (o *oomCounter) scan(d *oom.Detector, res attribution.Result, src pods.Source, now time.Time) error {
+// podsByName indexes a pod source's pods by namespace and name.
+func podsByName(src pods.Source) map[[2]string]*corev1.Pod {
 	byName := map[[2]string]*corev1.Pod{}
 	if src != nil {
 		for _, p := range src.List() {
 			byName[[2]string{p.Namespace, p.Name}] = p
 		}
 	}
-	mark := func(ns, pod, container, uuid string) {
-		k := containerKey{ns, pod, container}
-		p := byName[[2]string{ns, pod}]
-		if p == nil {
-			return // no UID, so no log directory; the next scrape may know it
-		}
-		w := o.watch[k]
-		// A pod recreated under the same name (a StatefulSet's) has a new
-		// UID, so new log files and new instances: start over.
-		if w == nil || w.c.PodUID != logUID(p) {
-			w = &watched{c: oom.Container{Namespace: ns, Pod: pod, PodUID: logUID(p), Container: container}, uuid: uuid}
-			o.watch[k] = w
-		}
-		w.lastSeen = now
-		if w.uuid == "" {
-			w.uuid = uuid
-		}
-		// Counters exist at 0 from the moment a container is watched, so
-		// the first OOM is an increase from 0 that increase() and rate()
-		// see, not a series born at 1.
-		for _, src := range []oom.Source{oom.SourceLog, oom.SourceTermination} {
-			ck := oomKey{containerKey: k, uuid: w.uuid, source: src}
-			if o.counts[ck] == nil {
-				o.counts[ck] = &oomCount{lastSeen: now}
-			}
+	return byName
+}
+
+// mark watches a container from now on (again), blaming uuid for its OOMs
+// when it has no GPU yet ("" when unknown).
+func (o *oomCounter) mark(byName map[[2]string]*corev1.Pod, ns, pod, container, uuid string, now time.Time) {
+	k := containerKey{ns, pod, container}
+	p := byName[[2]string{ns, pod}]
+	if p == nil {
+		return // no UID, so no log directory; the next scan may know it
+	}
+	w := o.watch[k]
+	// A pod recreated under the same name (a StatefulSet's) has a new
+	// UID, so new log files and new instances: start over.
+	if w == nil || w.c.PodUID != logUID(p) {
+		w = &watched{c: oom.Container{Namespace: ns, Pod: pod, PodUID: logUID(p), Container: container}, uuid: uuid}
+		o.watch[k] = w
+	}
+	w.lastSeen = now
+	if w.uuid == "" {
+		w.uuid = uuid
+	}
+	// Counters exist at 0 from the moment a container is watched, so
+	// the first OOM is an increase from 0 that increase() and rate()
+	// see, not a series born at 1.
+	for _, src := range []oom.Source{oom.SourceLog, oom.SourceTermination} {
+		ck := oomKey{containerKey: k, uuid: w.uuid, source: src}
+		if o.counts[ck] == nil {
+			o.counts[ck] = &oomCount{lastSeen: now}
 		}
 	}
+}
+
+// markResult watches the containers that hold a GPU or run a process on one.
+func (o *oomCounter) markResult(byName map[[2]string]*corev1.Pod, res attribution.Result, now time.Time) {
 	// Holdings first: the allocated GPU is the one to blame when a container
 	// also has processes elsewhere.
 	for _, h := range res.Holdings {
-		mark(h.Namespace, h.Pod, h.Container.Container, h.UUID)
+		o.mark(byName, h.Namespace, h.Pod, h.Container.Container, h.UUID, now)
 	}
 	for _, u := range res.Usage {
-		mark(u.Namespace, u.Pod, u.Container.Container, u.UUID)
+		o.mark(byName, u.Namespace, u.Pod, u.Container.Container, u.UUID, now)
 	}
+}
 
+func (o *oomCounter) scan(d *oom.Detector, res attribution.Result, src pods.Source, now time.Time) error {
+	byName := podsByName(src)
+	o.markResult(byName, res, now)
+	return o.scanWatched(d, byName, now)
+}
+
+// scanWatched reads the logs and terminations of every watched container
+// and counts what is new.
+func (o *oomCounter) scanWatched(d *oom.Detector, byName map[[2]string]*corev1.Pod, now time.Time) error {
 	containers := make([]oom.Container, 0, len(o.watch))
 	var terms []oom.Termination
 	for k, w := range o.watch {

@@ -61,6 +61,16 @@ func NewInformer(client kubernetes.Interface, nodeName string, resync time.Durat
 	return &Informer{factory: factory, informer: inf, node: nodeName}, nil
 }
 
+// OnChange implements Notifier. A handler added after Start is first called
+// once for every pod already known, as the informer replays them.
+func (i *Informer) OnChange(f func()) {
+	_, _ = i.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { f() },
+		UpdateFunc: func(any, any) { f() },
+		DeleteFunc: func(any) { f() },
+	})
+}
+
 // Start runs the informer until ctx ends and waits for the first sync (or
 // ctx's end).
 func (i *Informer) Start(ctx context.Context) error {

@@ -23,6 +23,15 @@ type Source interface {
 	Err() error
 }
 
+// Notifier is a Source that can say when its pods changed, so that work
+// which must not wait for the next scrape (reading a crashed container's
+// OOM before the kubelet removes its log) runs at once.
+type Notifier interface {
+	// OnChange registers f, called (from the source's goroutine) after any
+	// pod was added, changed or removed. f must not block.
+	OnChange(f func())
+}
+
 // ContainerName returns the name of the container (regular, init or
 // ephemeral) whose runtime ID is containerID (a bare ID as found in cgroup
 // paths, without the "containerd://" scheme).

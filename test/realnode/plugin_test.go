@@ -142,14 +142,22 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	// After the restart the looper keeps restarting on its ID: its restart
-	// count grows and it is never failed by admission.
-	before := getPod(t, looper.Name).Status.ContainerStatuses[0].RestartCount
+	// count grows and it is never failed by admission. (Right after the
+	// restart the kubelet may post a status without container statuses
+	// while it rebuilds them.)
+	restarts := func(p *corev1.Pod) int32 {
+		if len(p.Status.ContainerStatuses) == 0 {
+			return -1
+		}
+		return p.Status.ContainerStatuses[0].RestartCount
+	}
+	before := restarts(getPod(t, looper.Name))
 	testproc.Eventually(t, 120*time.Second, 500*time.Millisecond, func() string {
 		p := getPod(t, looper.Name)
 		if p.Status.Phase == corev1.PodFailed {
 			t.Fatalf("after the kubelet restart the looper was failed: %s", podWhy(p))
 		}
-		if rc := p.Status.ContainerStatuses[0].RestartCount; rc <= before {
+		if rc := restarts(p); rc <= before {
 			return fmt.Sprintf("looper restart count %d, want > %d (%s)", rc, before, podWhy(p))
 		}
 		return ""
