@@ -82,7 +82,10 @@ func libnvmlScenario() *sim.File {
 					{PID: 4444, UsedMemoryBytes: 2 << 30, SMUtilization: ptr(0.0)},
 				}},
 			{UUID: "GPU-0c3f7a64-11aa-4b2e-9d1c-0123456789ab", Name: "NVIDIA RTX A6000", MemoryTotalBytes: 51527024640,
-				MemoryUsedBytes: ptr(uint64(512 << 20)), TemperatureCelsius: 35, PowerWatts: 22},
+				MemoryUsedBytes: ptr(uint64(512 << 20)), TemperatureCelsius: 35, PowerWatts: 22,
+				// A card without a power sensor: NOT_SUPPORTED through the
+				// library, no series from either backend.
+				Unsupported: []string{"power"}},
 			{UUID: "GPU-deadbeef-0000-4000-8000-000000000002", Name: "NVIDIA RTX A6000", MemoryTotalBytes: 51527024640,
 				Error: "GPU has fallen off the bus", XidEvents: []sim.XidEvent{{Xid: 79}}},
 		},

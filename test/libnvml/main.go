@@ -47,6 +47,8 @@ import (
 	"unsafe"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuslice/gpuslice/internal/gpu"
 )
 
 // DefaultSimFile is the sim file read when GPUSLICE_SIM_FILE is not set.
@@ -455,6 +457,9 @@ func nvmlDeviceGetUtilizationRates(dev unsafe.Pointer, util unsafe.Pointer) C.in
 	if util == nil {
 		return ret(nvml.ERROR_INVALID_ARGUMENT)
 	}
+	if g.dev.Missing.Has(gpu.ReadingUtilization) {
+		return ret(nvml.ERROR_NOT_SUPPORTED) // the file's unsupported: list
+	}
 	*(*nvml.Utilization)(util) = nvml.Utilization{Gpu: percent(g.dev.Utilization)}
 	return ret(nvml.SUCCESS)
 }
@@ -468,6 +473,9 @@ func nvmlDeviceGetTemperature(dev unsafe.Pointer, sensor C.int, temp *C.uint) C.
 	if temp == nil || nvml.TemperatureSensors(sensor) != nvml.TEMPERATURE_GPU {
 		return ret(nvml.ERROR_INVALID_ARGUMENT)
 	}
+	if g.dev.Missing.Has(gpu.ReadingTemperature) {
+		return ret(nvml.ERROR_NOT_SUPPORTED)
+	}
 	*temp = C.uint(max(0, roundInt(g.dev.TemperatureCelsius)))
 	return ret(nvml.SUCCESS)
 }
@@ -480,6 +488,9 @@ func nvmlDeviceGetPowerUsage(dev unsafe.Pointer, mw *C.uint) C.int {
 	}
 	if mw == nil {
 		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	if g.dev.Missing.Has(gpu.ReadingPower) {
+		return ret(nvml.ERROR_NOT_SUPPORTED) // a card without a power sensor
 	}
 	*mw = C.uint(max(0, roundInt(g.dev.PowerWatts*1000)))
 	return ret(nvml.SUCCESS)
