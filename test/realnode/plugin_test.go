@@ -115,20 +115,23 @@ func TestPluginOnRealKubelet(t *testing.T) {
 	}
 }
 
-// TestKubeletRestartKeepsHeldIDs: a crash-looping pod holds a replica ID
-// while its container is not running; the kubelet restarts, PodResources
-// answers before the kubelet has rebuilt its pod list, and the pod must
-// still start again on its ID (the kubelet re-admits it) instead of being
-// rejected because the plugin dropped the ID.
+// TestKubeletRestartKeepsHeldIDs: three pods hold replica IDs, the count is
+// lowered to 2 so one ID is held above it, and a crash-looping pod's
+// container is not running when the kubelet restarts. PodResources answers
+// before the kubelet has rebuilt its pod list; the plugin must keep
+// advertising the held IDs meanwhile, or the kubelet's re-admission of the
+// pods rejects the one whose ID vanished (UnexpectedAdmissionError).
 func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	n := need(t)
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
-	writeConfig(t, cfg, 2)
+	writeConfig(t, cfg, 3)
 	startPlugin(t, cfg)
-	waitAllocatable(t, gpuRes, 2, 60*time.Second)
+	waitAllocatable(t, gpuRes, 3, 60*time.Second)
 
 	holder := createPod(t, fakeCUDAPod("restart-holder", podOpts{args: []string{"-memory", "0s=1Gi"}}))
+	holder2 := createPod(t, fakeCUDAPod("restart-holder2", podOpts{args: []string{"-memory", "0s=1Gi"}}))
 	waitRunning(t, holder.Name, 60*time.Second)
+	waitRunning(t, holder2.Name, 60*time.Second)
 	looper := createPod(t, fakeCUDAPod("restart-looper", podOpts{args: []string{"-memory", "0s=1Gi", "-run", "2s"}}))
 	// Wait until the looper has run and exited at least once.
 	testproc.Eventually(t, 90*time.Second, 200*time.Millisecond, func() string {
@@ -138,6 +141,8 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 		}
 		return ""
 	})
+	writeConfig(t, cfg, 2) // three IDs held over a count of two
+	time.Sleep(3 * time.Second)
 	if err := n.RestartKubelet(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -162,8 +167,10 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 		}
 		return ""
 	})
-	if p := getPod(t, holder.Name); p.Status.Phase != corev1.PodRunning {
-		t.Fatalf("after the kubelet restart the holder is %s: %s", p.Status.Phase, podWhy(p))
+	for _, h := range []string{holder.Name, holder2.Name} {
+		if p := getPod(t, h); p.Status.Phase != corev1.PodRunning {
+			t.Fatalf("after the kubelet restart %s is %s: %s", h, p.Status.Phase, podWhy(p))
+		}
 	}
 	ev, _ := n.Client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + looper.Name})
 	for _, e := range ev.Items {
