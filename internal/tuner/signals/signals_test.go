@@ -2,6 +2,7 @@ package signals
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ gpuslice_gpu_replicas_allocated{gpu="0",resource="nvidia.com/gpu",uuid="GPU-a"} 
 # TYPE gpuslice_gpu_oom_events_total counter
 gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="log",uuid="GPU-a"} 2
 gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="termination",uuid="GPU-a"} 1
+gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="cap",namespace="ml",pod="llm",source="log",uuid="GPU-a"} 1
 # TYPE go_goroutines gauge
 go_goroutines 12
 `
@@ -45,9 +47,11 @@ func TestParseExposition(t *testing.T) {
 			MemoryTotalBytes: 51527024640, MemoryUsedBytes: 12e9,
 			Containers:         map[string]uint64{"ml/yolo/main": 4e9, "media/ffmpeg/enc": 5e8},
 			ReplicasAdvertised: 6, ReplicasAllocated: 3,
-			OOMCounters: map[string]float64{"ml/yolo/main/log": 2, "ml/yolo/main/termination": 1},
+			OOMCounters: map[string]float64{"ml/yolo/main/log/": 2, "ml/yolo/main/termination/": 1, "ml/llm/train/log/cap": 1},
+			OOMSeries: map[string]policy.OOM{"ml/yolo/main/log/": {Container: "ml/yolo/main"}, "ml/yolo/main/termination/": {Container: "ml/yolo/main"},
+				"ml/llm/train/log/cap": {Container: "ml/llm/train", Kind: policy.OOMCap}},
 		},
-		"GPU-b": {MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}},
+		"GPU-b": {MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("reading (-want +got):\n%s", d)
@@ -79,11 +83,29 @@ func TestOOMTracker(t *testing.T) {
 			t0 := time.Unix(1000, 0)
 			for i, step := range tc.steps {
 				got := tr.events(reading(step), t0.Add(time.Duration(i)*time.Second))["GPU-a"]
-				if got != tc.want[i] {
-					t.Errorf("step %d: %d events, want %d", i, got, tc.want[i])
+				if len(got) != tc.want[i] {
+					t.Errorf("step %d: %d events, want %d", i, len(got), tc.want[i])
 				}
 			}
 		})
+	}
+}
+
+// Each event keeps the container and kind of its series, so the policy can
+// tell a per-process cap from a full GPU and a crash loop from many pods.
+func TestOOMTrackerKeepsContainerAndKind(t *testing.T) {
+	r0, err := ParseExposition(strings.NewReader(exposition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, _ := ParseExposition(strings.NewReader(strings.ReplaceAll(exposition, `uuid="GPU-a"} 1`+"\n", `uuid="GPU-a"} 2`+"\n")))
+	tr := newOOMTracker()
+	tr.events(r0, time.Unix(1000, 0))
+	got := tr.events(r1, time.Unix(1015, 0))["GPU-a"]
+	slices.SortFunc(got, func(a, b policy.OOM) int { return strings.Compare(a.Container, b.Container) })
+	want := []policy.OOM{{Container: "ml/llm/train", Kind: policy.OOMCap}, {Container: "ml/yolo/main"}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("events (-want +got):\n%s", d)
 	}
 }
 
