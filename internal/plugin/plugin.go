@@ -89,9 +89,9 @@ type Plugin struct {
 	held     []held // from PodResources
 	// kubeletRestarted is when kubelet.sock was last created again.
 	kubeletRestarted time.Time
-	recent   map[held]time.Time
-	plan     plan
-	warned   map[string]bool
+	recent           map[held]time.Time
+	plan             plan
+	warned           map[string]bool
 	// heldFailing is set while the PodResources API does not answer, so
 	// that an outage is logged once.
 	heldFailing atomic.Bool
