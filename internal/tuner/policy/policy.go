@@ -128,7 +128,10 @@ const (
 
 // Sample is one look at one GPU.
 type Sample struct {
-	Time             time.Time
+	Time time.Time
+	// GPU is the GPU's index on its node (the exporter's gpu label), ""
+	// when unknown: a config's device selection may name GPUs by index.
+	GPU              string
 	MemoryTotalBytes uint64
 	MemoryUsedBytes  uint64
 	// ContainerPeaks maps a container key (namespace/pod/container) to its
@@ -301,7 +304,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	oi := v.ooms()
 	if oi.incidents > 0 {
 		lower(oi.target, ReasonGPUOOM, fmt.Sprintf(
-			"%d GPU OOM incident(s) on a full GPU in the last %s; %d pods did not fit together, %s, lowering %d -> %d",
+			"%d GPU OOM incident(s) on a full GPU in the last %s; %d pods did not fit together%s, lowering %d -> %d",
 			oi.incidents, cfg.Window, oi.alloc, oi.fits, cur, oi.target))
 	}
 	pressed, pressTarget, pressMsg := v.pressure()
@@ -415,9 +418,6 @@ func (v gpuView) ooms() oomIncidents {
 		}
 	}
 	out.target = max(out.target, v.cfg.MinReplicas)
-	if out.fits == "" {
-		out.fits = "the count stays"
-	}
 	return out
 }
 
@@ -466,7 +466,7 @@ func (v gpuView) fitting(total uint64) (int, string) {
 	if k == len(sorted) {
 		return math.MaxInt, ""
 	}
-	return max(k, 1), fmt.Sprintf("the %d hungriest measured pods fit %.0f%% of %s", max(k, 1), 100*v.cfg.TargetUtilization, gib(total))
+	return max(k, 1), fmt.Sprintf(" and only the %d hungriest measured pods fit %.0f%% of %s", max(k, 1), 100*v.cfg.TargetUtilization, gib(total))
 }
 
 // pressure says whether every sample of the last PressureWindow was at or

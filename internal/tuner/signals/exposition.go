@@ -29,6 +29,8 @@ var ErrExposition = errors.New("bad exporter metrics")
 
 // GPUReading is what one scrape says about one GPU.
 type GPUReading struct {
+	// Index is the exporter's gpu label, the GPU's index on its node.
+	Index            string
 	MemoryTotalBytes uint64
 	MemoryUsedBytes  uint64
 	// Containers maps ContainerKey to the container's memory on this GPU.
@@ -67,7 +69,7 @@ func ParseExposition(r io.Reader) (Reading, error) {
 	}
 	each(MetricMemoryTotal, func(l map[string]string, v float64) {
 		if u := l["uuid"]; u != "" {
-			out[u] = &GPUReading{MemoryTotalBytes: toBytes(v), Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}}
+			out[u] = &GPUReading{Index: l["gpu"], MemoryTotalBytes: toBytes(v), Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}}
 		}
 	})
 	gpu := func(l map[string]string) *GPUReading { return out[l["uuid"]] }
@@ -211,6 +213,7 @@ func (t *oomTracker) samples(r Reading, at time.Time) map[string]policy.Sample {
 	for uuid, g := range r {
 		out[uuid] = policy.Sample{
 			Time:               at,
+			GPU:                g.Index,
 			MemoryTotalBytes:   g.MemoryTotalBytes,
 			MemoryUsedBytes:    g.MemoryUsedBytes,
 			ContainerPeaks:     g.Containers,

@@ -44,14 +44,14 @@ func TestParseExposition(t *testing.T) {
 	}
 	want := Reading{
 		"GPU-a": {
-			MemoryTotalBytes: 51527024640, MemoryUsedBytes: 12e9,
+			Index: "0", MemoryTotalBytes: 51527024640, MemoryUsedBytes: 12e9,
 			Containers:         map[string]uint64{"ml/yolo/main": 4e9, "media/ffmpeg/enc": 5e8},
 			ReplicasAdvertised: 6, ReplicasAllocated: 3,
 			OOMCounters: map[string]float64{"ml/yolo/main/log/": 2, "ml/yolo/main/termination/": 1, "ml/llm/train/log/cap": 1},
 			OOMSeries: map[string]policy.OOM{"ml/yolo/main/log/": {Container: "ml/yolo/main"}, "ml/yolo/main/termination/": {Container: "ml/yolo/main"},
 				"ml/llm/train/log/cap": {Container: "ml/llm/train", Kind: policy.OOMCap}},
 		},
-		"GPU-b": {MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}},
+		"GPU-b": {Index: "1", MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("reading (-want +got):\n%s", d)
