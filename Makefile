@@ -22,9 +22,12 @@ build: ## build bin/gpuslice-{exporter,tuner,plugin}
 demo: build ## run the exporter on a simulated GPU node (no GPU, no cluster)
 	$(GO) run ./test/demo --exporter $(BIN)/gpuslice-exporter
 
-test-bins: ## build the real control-plane binaries and helm the tests run (cached)
+test-bins: ## install the Debian packages, build the real Kubernetes binaries, helm, NVIDIA's plugin and the simulated libnvidia-ml the tests run (cached)
+	@bash hack/test-deps.sh
 	@bash hack/test-bins.sh >/dev/null
 	@bash hack/helm.sh >/dev/null
+	@bash hack/nvidia-bins.sh >/dev/null
+	@bash hack/libnvml.sh >/dev/null
 
 test: test-bins ## the whole suite: unit, integration, alerts, dashboards, chart
 	$(GO) vet ./...

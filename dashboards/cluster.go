@@ -16,6 +16,35 @@ func Cluster() (dashboard.Dashboard, error) {
 		"Time-sliced GPUs across the cluster: replica slots advertised and allocated, GPU memory, CUDA OOMs and gpuslice-tuner's decisions.",
 		true)
 
+	// Health first: whether the data below can be trusted, and what is
+	// wrong now. up is the scrape's own series, so a target that is down
+	// still counts here while its metrics are gone.
+	b.WithRow(dashboard.NewRowBuilder("Health")).
+		WithPanel(statPanel("Exporters up", "gpuslice-exporter targets Prometheus scraped at the last attempt, of all it knows. Fewer: see GPUSliceExporterDown; none at all: GPUSliceExporterAbsent.", units.Number,
+			`sum(up{job=~".*gpuslice-exporter.*", `+nodeSel+`}) or vector(0)`).
+			WithTarget(target("B", `count(up{job=~".*gpuslice-exporter.*", `+nodeSel+`})`, "targets")).
+			Decimals(0).
+			Thresholds(thresholds(step(nil, "red"), step(cog.ToPtr(1.0), "green")))).
+		WithPanel(statPanel("Tuner and plugins up", "gpuslice-tuner and gpuslice-plugin targets Prometheus scraped at the last attempt.", units.Number,
+			`sum by (job) (up{job=~".*gpuslice-(tuner|plugin).*"})`).
+			Decimals(0)).
+		WithPanel(statPanel("Critical Xids", "Xid errors that point at the GPU (not the application's 13, 31, 43, 45, 68, 109) in the dashboard's time range.", units.Number,
+			`sum(increase(gpuslice_gpu_xid_errors_total{xid!~"13|31|43|45|68|109", `+gpuSel+`}[$__range])) or vector(0)`).
+			Decimals(0).
+			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(1.0), "red")))).
+		WithPanel(statPanel("Unhealthy GPUs", "GPUs the device plugins have marked unhealthy: the kubelet allocates none of their replicas.", units.Number,
+			`sum(gpuslice_plugin_unhealthy_gpus{`+nodeSel+`}) or vector(0)`).
+			Decimals(0).
+			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(1.0), "red")))).
+		WithPanel(statPanel("Firing alerts", "gpuslice alerts firing now, by severity. Each has a section in the alert runbook (link at the top).", units.Number,
+			`sum by (severity) (ALERTS{alertname=~"GPUSlice.*", alertstate="firing"}) or vector(0)`).
+			Decimals(0).
+			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(1.0), "orange")))).
+		WithPanel(tablePanel("Firing gpuslice alerts", "Alerts firing now, with their node and severity; see the alert runbook.", 4, 4,
+			`sum by (alertname, severity, node) (ALERTS{alertname=~"GPUSlice.*", alertstate="firing"})`,
+			[]string{"Value"},
+			[]column{{"alertname", "Alert"}, {"severity", "Severity"}, {"node", "Node"}}))
+
 	b.WithRow(dashboard.NewRowBuilder("Overview")).
 		WithPanel(statPanel("GPUs", "Physical GPUs reported by gpuslice-exporter.", units.Number,
 			`count(gpuslice_gpu_info{`+gpuSel+`})`)).
@@ -80,8 +109,8 @@ func Cluster() (dashboard.Dashboard, error) {
 		WithPanel(versus("Replicas: recommended vs current",
 			"Dashed: what gpuslice-tuner recommends from the measured memory. Solid: what the node runs with.",
 			units.Number, 9, 12,
-			`gpuslice_tuner_replicas{`+nodeSel+`}`, "{{node}} {{resource}} current",
-			`gpuslice_tuner_recommended_replicas{`+nodeSel+`}`, "{{node}} {{resource}} recommended").
+			leaderOnly(`gpuslice_tuner_replicas{`+nodeSel+`}`), "{{node}} {{resource}} current",
+			leaderOnly(`gpuslice_tuner_recommended_replicas{`+nodeSel+`}`), "{{node}} {{resource}} recommended").
 			Decimals(0).
 			LineInterpolation(common.LineInterpolationStepAfter)).
 		WithPanel(bars("Tuner changes", "Replica changes per interval, by direction.", 9, 12).
@@ -94,6 +123,24 @@ func Cluster() (dashboard.Dashboard, error) {
 			Height(8).
 			Span(8).
 			Thresholds(thresholds(step(nil, "red"), step(cog.ToPtr(1.0), "green"), step(cog.ToPtr(2.0), "red"))))
+
+	b.WithRow(dashboard.NewRowBuilder("Device plugin")).
+		WithPanel(timeSeries("gpuslice-plugin replicas per node", "Replica slots gpuslice-plugin advertises, summed over each node's GPUs. Not drawn when NVIDIA's plugin serves the node.", units.Number, 8, 8).
+			Min(0).
+			Decimals(0).
+			LineInterpolation(common.LineInterpolationStepAfter).
+			WithTarget(target("A", `sum by (node, resource) (max by (node, resource, uuid) (gpuslice_plugin_replicas{`+nodeSel+`}))`, "{{node}} {{resource}}"))).
+		WithPanel(bars("Config reloads", "Configs gpuslice-plugin accepted and rejected, per interval. A rejected one leaves the previous replica count in place (alert GPUSlicePluginReloadFailing).", 8, 8).
+			WithTarget(target("A", `sum by (node) (increase(gpuslice_plugin_reloads_total{`+nodeSel+`}[$__rate_interval]))`, "{{node}} accepted")).
+			WithTarget(target("B", `sum by (node) (increase(gpuslice_plugin_reload_failures_total{`+nodeSel+`}[$__rate_interval]))`, "{{node}} rejected"))).
+		WithPanel(timeSeries("Plugin health", "Per node: GPUs marked unhealthy (kubelet allocates none of their replicas), and 0 while the plugin ignores a rejected config.", units.Number, 8, 8).
+			Min(0).
+			Decimals(0).
+			LineInterpolation(common.LineInterpolationStepAfter).
+			WithTarget(target("A", `max by (node) (gpuslice_plugin_unhealthy_gpus{`+nodeSel+`})`, "{{node}} unhealthy GPUs")).
+			WithTarget(target("B", `min by (node) (gpuslice_plugin_config_valid{`+nodeSel+`})`, "{{node}} config valid"))).
+		WithPanel(bars("Allocations", "Replica slots the kubelet allocated through gpuslice-plugin, per interval.", 8, 24).
+			WithTarget(target("A", `sum by (node, resource) (increase(gpuslice_plugin_allocations_total{`+nodeSel+`}[$__rate_interval]))`, "{{node}} {{resource}}")))
 
 	b.WithRow(dashboard.NewRowBuilder("Exporters")).
 		WithPanel(timeSeries("Collector success", "1 when a collector of gpuslice-exporter succeeded at the last scrape.", units.Number, 8, 12).

@@ -80,6 +80,16 @@ const (
 	nodeSel = `node=~"$node"`
 )
 
+// runbookURL is where the alerts' runbook_url annotations point too.
+const runbookURL = "https://github.com/gpuslice/gpuslice/blob/main/docs/runbook.md"
+
+// leaderOnly keeps a tuner series only from the replica holding the leader
+// lease: a replica that lost the lease keeps exporting its last gauges,
+// which would draw stale duplicate lines.
+func leaderOnly(expr string) string {
+	return expr + ` and on (job, instance) (gpuslice_tuner_leader == 1)`
+}
+
 func datasource() common.DataSourceRef {
 	return common.DataSourceRef{Type: cog.ToPtr("prometheus"), Uid: cog.ToPtr("${datasource}")}
 }
@@ -113,6 +123,14 @@ func variables(multiNode bool) []cog.Builder[dashboard.VariableModel] {
 		Type("prometheus")
 	node := queryVariable("node", "Node", `label_values(gpuslice_gpu_info, node)`, multiNode)
 	gpu := queryVariable("gpu", "GPU", `label_values(gpuslice_gpu_info{node=~"$node"}, uuid)`, true)
+	if !multiNode {
+		// One node: show the GPU's index, which nvidia-smi and the panels'
+		// legends use, instead of its UUID; the value stays the UUID. The
+		// query_result line lists labels sorted by name, gpu before uuid.
+		q := `query_result(gpuslice_gpu_info{node=~"$node"})`
+		gpu = queryVariable("gpu", "GPU", q, true).
+			Regex(`/\bgpu="(?<text>[^"]+)".*\buuid="(?<value>[^"]+)"/`)
+	}
 	namespace := queryVariable("namespace", "Namespace",
 		`label_values(gpuslice_container_gpu_allocation{node=~"$node", uuid=~"$gpu"}, namespace)`, true)
 	return []cog.Builder[dashboard.VariableModel]{ds, node, gpu, namespace}
@@ -182,6 +200,12 @@ func links() []cog.Builder[dashboard.DashboardLink] {
 			AsDropdown(false).
 			IncludeVars(true).
 			KeepTime(true),
+		dashboard.NewDashboardLinkBuilder("Alert runbook").
+			Type(dashboard.DashboardLinkTypeLink).
+			Url(runbookURL).
+			Icon("doc").
+			Tooltip("What each gpuslice alert means and what to do").
+			TargetBlank(true),
 	}
 }
 
@@ -226,5 +250,18 @@ func build(b *dashboard.DashboardBuilder) (dashboard.Dashboard, error) {
 		return dashboard.Dashboard{}, err
 	}
 	assignIDs(&d)
+	defaultPlacement(&d)
 	return d, nil
+}
+
+// defaultPlacement removes the placement the SDK (v0.0.18) sets on every
+// link and annotation, "inControlsMenu": Grafana 12.3 and later honour it
+// and hide them in a menu. Without it they show above the panels.
+func defaultPlacement(d *dashboard.Dashboard) {
+	for i := range d.Links {
+		d.Links[i].Placement = nil
+	}
+	for i := range d.Annotations.List {
+		d.Annotations.List[i].Placement = nil
+	}
 }

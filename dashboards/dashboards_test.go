@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -282,8 +283,8 @@ func TestVariablesAreChained(t *testing.T) {
 			for name, refs := range needs {
 				v := vars[name]
 				q, _ := v["query"].(string)
-				if v["type"] != "query" || !strings.HasPrefix(q, "label_values(") {
-					t.Errorf("%s: type %v, query %q; want a label_values query", name, v["type"], q)
+				if v["type"] != "query" || !(strings.HasPrefix(q, "label_values(") || strings.HasPrefix(q, "query_result(")) {
+					t.Errorf("%s: type %v, query %q; want a label_values or query_result query", name, v["type"], q)
 				}
 				for _, r := range refs {
 					if !strings.Contains(q, r) {
@@ -364,7 +365,7 @@ func TestUnits(t *testing.T) {
 		{"gpu-sharing-cluster.json", "GPU memory used vs total per node", "bytes"},
 		{"gpu-sharing-cluster.json", "GPU memory used per GPU", "percentunit"},
 		{"gpu-sharing-cluster.json", "Replicas advertised vs allocated per node", "none"},
-		{"gpu-sharing-node.json", "GPU memory by pod — $gpu", "bytes"},
+		{"gpu-sharing-node.json", "GPU memory by pod — GPU ${gpu:text}", "bytes"},
 		{"gpu-sharing-node.json", "Sum of pods' 1h memory peaks vs total", "bytes"},
 		{"gpu-sharing-node.json", "Memory peak by pod", "bytes"},
 		{"gpu-sharing-node.json", "SM utilization by pod", "percentunit"},
@@ -397,7 +398,7 @@ func TestUnits(t *testing.T) {
 func TestNodeMemoryChartStacksPodsUnderTotal(t *testing.T) {
 	var p map[string]any
 	for _, c := range panels(loadJSON(t, "gpu-sharing-node.json")) {
-		if c["title"] == "GPU memory by pod — $gpu" {
+		if c["title"] == "GPU memory by pod — GPU ${gpu:text}" {
 			p = c
 		}
 	}
@@ -466,5 +467,94 @@ func TestAnnotations(t *testing.T) {
 				t.Errorf("no %q annotation", name)
 			}
 		})
+	}
+}
+
+// Grafana 12.3 and later hide links and annotations whose placement is
+// "inControlsMenu", the SDK's default.
+func TestNothingHiddenInControlsMenu(t *testing.T) {
+	for _, f := range Files() {
+		t.Run(f.Name, func(t *testing.T) {
+			data, err := os.ReadFile(f.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Contains(data, []byte("inControlsMenu")) {
+				t.Error(`a link or annotation has placement "inControlsMenu"`)
+			}
+		})
+	}
+}
+
+func TestRunbookLink(t *testing.T) {
+	for _, f := range Files() {
+		t.Run(f.Name, func(t *testing.T) {
+			for _, l := range loadJSON(t, f.Name)["links"].([]any) {
+				l := l.(map[string]any)
+				if l["type"] == "link" && l["url"] == runbookURL {
+					return
+				}
+			}
+			t.Errorf("no link to %s", runbookURL)
+		})
+	}
+}
+
+// A replica that lost the tuner's leader lease keeps exporting its last
+// gauges: every tuner gauge a panel draws must be the leader's.
+func TestTunerGaugesFromLeaderOnly(t *testing.T) {
+	gauge := regexp.MustCompile(`gpuslice_tuner_(recommended_)?replicas\{`)
+	for _, f := range Files() {
+		t.Run(f.Name, func(t *testing.T) {
+			n := 0
+			for _, q := range queries(loadJSON(t, f.Name)) {
+				if !gauge.MatchString(q.expr) {
+					continue
+				}
+				n++
+				if !strings.Contains(q.expr, "and on (job, instance) (gpuslice_tuner_leader == 1)") {
+					t.Errorf("%s: %q draws every tuner replica's gauge", q.path, q.expr)
+				}
+			}
+			if n == 0 {
+				t.Error("no tuner gauge found; the walker or this test is out of date")
+			}
+		})
+	}
+}
+
+// The cluster dashboard opens on whether the data can be trusted and what is
+// wrong now, and shows the plugin's metrics.
+func TestClusterHealthAndPluginPanels(t *testing.T) {
+	d := loadJSON(t, "gpu-sharing-cluster.json")
+	first := d["panels"].([]any)[0].(map[string]any)
+	if first["type"] != "row" || first["title"] != "Health" {
+		t.Fatalf("first row = %v %q, want the Health row", first["type"], first["title"])
+	}
+	var health, all strings.Builder
+	inHealth := false
+	for _, p := range d["panels"].([]any) {
+		p := p.(map[string]any)
+		if p["type"] == "row" {
+			inHealth = p["title"] == "Health"
+			continue
+		}
+		for _, tg := range p["targets"].([]any) {
+			expr := tg.(map[string]any)["expr"].(string) + "\n"
+			all.WriteString(expr)
+			if inHealth {
+				health.WriteString(expr)
+			}
+		}
+	}
+	for _, want := range []string{`up{job=~".*gpuslice-exporter.*"`, "gpuslice_gpu_xid_errors_total", "gpuslice_plugin_unhealthy_gpus", "ALERTS{"} {
+		if !strings.Contains(health.String(), want) {
+			t.Errorf("the Health row reads no %s", want)
+		}
+	}
+	for _, m := range metricnames.Plugin {
+		if !strings.Contains(all.String(), m) {
+			t.Errorf("no panel reads %s", m)
+		}
 	}
 }

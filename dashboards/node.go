@@ -17,7 +17,7 @@ func Node() (dashboard.Dashboard, error) {
 		false)
 
 	b.WithRow(dashboard.NewRowBuilder("Memory")).
-		WithPanel(timeSeries("GPU memory by pod — $gpu",
+		WithPanel(timeSeries("GPU memory by pod — GPU ${gpu:text}",
 			"Stacked: memory each pod holds on this GPU, and memory held by processes outside any pod. Dashed red: the GPU's total. Pods have no memory isolation under time-slicing: when the stack reaches the line, the next allocation fails.",
 			units.BytesIEC, 10, 24).
 			Repeat("gpu").
@@ -30,10 +30,14 @@ func Node() (dashboard.Dashboard, error) {
 			WithTarget(target("B", `sum(gpuslice_unattributed_gpu_memory_used_bytes{`+gpuSel+`})`, "outside pods")).
 			WithTarget(target("C", `sum(gpuslice_gpu_memory_total_bytes{`+gpuSel+`})`, "total")).
 			OverrideByQuery("C", limitLine("red"))).
+		// The same expression as GPUSliceMemoryOvercommitted: each running
+		// container's peak over every exporter instance that reported it
+		// (a rollout gives a new instance), so no pod counts twice.
 		WithPanel(versus("Sum of pods' 1h memory peaks vs total",
 			"Solid: for each GPU, the sum of every running pod's highest memory use over the past hour. Dashed: the GPU's total. Above the line, the pods fit only as long as their peaks do not coincide (alert GPUSliceMemoryOvercommitted).",
 			units.BytesIEC, 10, 12,
-			`sum by (gpu, uuid) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[1h]))`, "GPU {{gpu}} sum of peaks",
+			`sum by (gpu, uuid) (max by (node, namespace, pod, container, gpu, uuid) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[1h]))`+
+				` and on (node, namespace, pod, container, uuid) gpuslice_container_gpu_memory_used_bytes{`+podSel+`})`, "GPU {{gpu}} sum of peaks",
 			`max by (gpu, uuid) (gpuslice_gpu_memory_total_bytes{`+gpuSel+`})`, "GPU {{gpu}} total").
 			Min(0)).
 		WithPanel(bargauge.NewPanelBuilder().
@@ -100,8 +104,8 @@ func Node() (dashboard.Dashboard, error) {
 		WithPanel(versus("Tuner: recommended vs current replicas",
 			"Dashed: what gpuslice-tuner recommends for this node. Solid: what the node runs with.",
 			units.Number, 8, 8,
-			`gpuslice_tuner_replicas{`+nodeSel+`}`, "{{resource}} current",
-			`gpuslice_tuner_recommended_replicas{`+nodeSel+`}`, "{{resource}} recommended").
+			leaderOnly(`gpuslice_tuner_replicas{`+nodeSel+`}`), "{{resource}} current",
+			leaderOnly(`gpuslice_tuner_recommended_replicas{`+nodeSel+`}`), "{{resource}} recommended").
 			Decimals(0).
 			LineInterpolation(common.LineInterpolationStepAfter))
 

@@ -71,7 +71,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.kubeletInsecure, "kubelet.insecure-skip-tls-verify", false, "Accept any kubelet certificate (self-signed kubelet certificates).")
 	fs.DurationVar(&o.kubeletInterval, "kubelet.pods-interval", 10*time.Second, "How often --pods.source=kubelet reads /pods.")
 	fs.StringVar(&o.podLogs, "path.pod-logs", "/var/log/pods", "The kubelet's pod log directory, scanned for GPU OOM messages.")
-	fs.Var(&o.oomPatterns, "oom.pattern", "Regular expression of a GPU OOM log line; repeat the flag for several. Setting it replaces the built-in patterns (PyTorch, CUDA, cuBLAS, cuDNN, TensorFlow, JAX, NCCL messages).")
+	fs.Var(&o.oomPatterns, "oom.pattern", "Regular expression of a GPU OOM log line; repeat the flag for several. Setting it replaces the built-in catalogue (PyTorch, TensorFlow, JAX, llama.cpp/ollama, vLLM, ONNX Runtime, TensorRT, NVENC, CTranslate2, CuPy, Paddle, darknet, OptiX, CUDA driver, cuBLAS, cuDNN, NCCL messages; internal/oom/catalogue.go). Lines about host (pinned) memory never count.")
 	fs.BoolVar(&o.oomOff, "oom.disable", false, "Turn GPU OOM detection off.")
 	fs.Int64Var(&o.oomMaxRead, "oom.max-read-bytes", oom.DefaultMaxReadBytes, "Most bytes read from one log file per scrape.")
 	o.log.Register(fs)

@@ -67,9 +67,14 @@ var Scrape = []string{
 	"scrape_series_added",
 }
 
+// Prometheus lists series the Prometheus server writes itself, not per
+// target: the alerts' state, which the dashboards show.
+var Prometheus = []string{"ALERTS"}
+
 // Known reports whether name is a metric that one of gpuslice's programs, or
 // Prometheus for each of their scrape targets, produces.
 func Known(name string) bool {
 	return slices.Contains(Exporter, name) || slices.Contains(Tuner, name) ||
-		slices.Contains(Plugin, name) || slices.Contains(Scrape, name)
+		slices.Contains(Plugin, name) || slices.Contains(Scrape, name) ||
+		slices.Contains(Prometheus, name)
 }

@@ -126,7 +126,7 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	in.Devices = snap.Devices
 	index := e.updateIndex(snap)
 	emitDevices(ch, snap)
-	emitXids(ch, e.cfg.GPU.Xids())
+	emitXids(ch, snap.Devices, e.cfg.GPU.Xids())
 	report(ch, CollectorGPU, start, ok)
 
 	// Kubelet allocations.

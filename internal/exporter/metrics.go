@@ -68,11 +68,40 @@ func emitDevices(ch chan<- prometheus.Metric, s gpu.Snapshot) {
 	}
 }
 
-func emitXids(ch chan<- prometheus.Metric, xids []gpu.XidCount) {
-	for _, x := range xids {
-		ch <- prometheus.MustNewConstMetric(gpuXid, prometheus.CounterValue, float64(x.Count),
-			strconv.Itoa(x.Index), x.UUID, strconv.FormatUint(x.Xid, 10))
+// AlertedXids are the Xids whose counters exist at 0 on every GPU the
+// exporter reads. A counter born at its first event has no earlier sample,
+// so Prometheus' increase() misses that event; these are the ones the
+// GPUSliceXidCritical alert and the dashboards' Xid bars must not miss:
+// NVIDIA's hardware and driver Xids (48 double-bit ECC, 63/64 ECC page
+// retirement and row remapping, 74 NVLink, 79 fallen off the bus, 92 high
+// single-bit ECC rate, 94/95 contained and uncontained ECC, 119/120 GSP).
+// None is in the alert's list of application Xids; a test checks that.
+var AlertedXids = []uint64{48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
+
+// emitXids sends the Xid counts, and 0 for each AlertedXids entry a device
+// has not reported.
+func emitXids(ch chan<- prometheus.Metric, devices []gpu.Device, xids []gpu.XidCount) {
+	type key struct {
+		uuid string
+		xid  uint64
 	}
+	counted := make(map[key]bool, len(xids))
+	for _, x := range xids {
+		counted[key{x.UUID, x.Xid}] = true
+		xidCounter(ch, x.Count, x.Index, x.UUID, x.Xid)
+	}
+	for _, d := range devices {
+		for _, xid := range AlertedXids {
+			if !counted[key{d.UUID, xid}] {
+				xidCounter(ch, 0, d.Index, d.UUID, xid)
+			}
+		}
+	}
+}
+
+func xidCounter(ch chan<- prometheus.Metric, count uint64, index int, uuid string, xid uint64) {
+	ch <- prometheus.MustNewConstMetric(gpuXid, prometheus.CounterValue, float64(count),
+		strconv.Itoa(index), uuid, strconv.FormatUint(xid, 10))
 }
 
 func emitAttribution(ch chan<- prometheus.Metric, r attribution.Result, index map[string]string) {

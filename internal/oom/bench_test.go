@@ -65,3 +65,35 @@ func BenchmarkReadNoise(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatchRealLog measures matching alone, per MiB of a log made of the
+// real corpus's negatives (the lines that look most like an OOM) between
+// training-step noise, with one real positive in every 1,000 lines.
+func BenchmarkMatchRealLog(b *testing.B) {
+	m, err := newMatcher(DefaultPatterns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var lines [][]byte
+	size := 0
+	for i := 0; size < 1<<20; i++ {
+		var l string
+		switch {
+		case i%1000 == 999:
+			l = realPositives[(i/1000)%len(realPositives)].line
+		case i%10 == 9:
+			l = realNegatives[(i/10)%len(realNegatives)].line
+		default:
+			l = fmt.Sprintf("step %d loss 0.%04d lr 3e-4 gpu_mem 11.2G", i, i%10000)
+		}
+		lines = append(lines, []byte(l))
+		size += len(l) + 1
+	}
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, l := range lines {
+			m.match(l)
+		}
+	}
+}

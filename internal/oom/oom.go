@@ -87,6 +87,9 @@ type Event struct {
 	// N of its log file N.log, or the Instance of its Termination.
 	Instance int
 	Source   Source
+	// Kind is what ran out, from the catalogue signature the line matched
+	// (KindUnknown for a pattern of Config.Patterns that is not one).
+	Kind Kind
 	// Message is the matching line, trimmed to about 512 bytes.
 	Message string
 	// Time is the log time of the line (its CRI timestamp, or the Scan's time
@@ -215,9 +218,20 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 	return v
 }
 
-// Match reports whether line matches one of the detector's patterns.
+// Match reports whether line is a GPU OOM: it matches one of the
+// detector's patterns and is not about host memory (HostMemoryPattern).
 func (d *Detector) Match(line string) bool {
 	return d.matcher.match([]byte(line))
+}
+
+// Classify is Match that also says which Kind of GPU OOM line is: that of
+// the first pattern, in the detector's order, that matches it.
+func (d *Detector) Classify(line string) (Kind, bool) {
+	b := []byte(line)
+	if !d.matcher.match(b) {
+		return KindUnknown, false
+	}
+	return d.matcher.kind(b), true
 }
 
 // Scan returns the events that appeared since the last Scan: new matching
@@ -362,6 +376,7 @@ func (d *Detector) logEvent(cs *containerState, n int, ts time.Time, line []byte
 		Container: cs.c,
 		Instance:  n,
 		Source:    SourceLog,
+		Kind:      d.matcher.kind(line),
 		Message:   d.matcher.excerpt(line),
 		Time:      ts,
 	})
@@ -377,9 +392,9 @@ func (d *Detector) termination(cs *containerState, t Termination) (Event, bool) 
 	if is.termCounted || is.logCounted {
 		return Event{}, false
 	}
-	msg, ok := d.matcher.firstMatchingLine(t.Reason)
+	msg, kind, ok := d.matcher.firstMatchingLine(t.Reason)
 	if !ok {
-		msg, ok = d.matcher.firstMatchingLine(t.Message)
+		msg, kind, ok = d.matcher.firstMatchingLine(t.Message)
 	}
 	if !ok {
 		return Event{}, false
@@ -389,6 +404,7 @@ func (d *Detector) termination(cs *containerState, t Termination) (Event, bool) 
 		Container: t.Container,
 		Instance:  t.Instance,
 		Source:    SourceTermination,
+		Kind:      kind,
 		Message:   msg,
 		Time:      t.FinishedAt,
 	}, true

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,9 +29,21 @@ var (
 // on for go-nvml.
 func Build(t testing.TB, pkg string) string {
 	t.Helper()
+	return build(t, pkg, "gpuslice-"+filepath.Base(pkg), "CGO_CFLAGS=-Wno-deprecated-declarations")
+}
+
+// BuildStatic is Build without cgo: a static binary that runs in a container
+// image holding nothing else (the real test node's workloads).
+func BuildStatic(t testing.TB, pkg string) string {
+	t.Helper()
+	return build(t, pkg, "static-"+filepath.Base(pkg), "CGO_ENABLED=0")
+}
+
+func build(t testing.TB, pkg, name string, env ...string) string {
+	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	if p, ok := built[pkg]; ok {
+	if p, ok := built[name]; ok {
 		return p
 	}
 	_, file, _, _ := runtime.Caller(0)
@@ -38,12 +51,12 @@ func Build(t testing.TB, pkg string) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(dir, "gpuslice-"+filepath.Base(pkg))
+	out := filepath.Join(dir, name)
 	// Several test binaries may build the same command at once: each
 	// builds its own file and renames it into place.
 	tmp := fmt.Sprintf("%s.%d.tmp", out, os.Getpid())
 	cmd := exec.Command("go", "build", "-o", tmp, "github.com/gpuslice/gpuslice/"+pkg)
-	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+	cmd.Env = append(os.Environ(), env...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp)
 		t.Fatalf("building %s: %v\n%s", pkg, err, b)
@@ -51,7 +64,7 @@ func Build(t testing.TB, pkg string) string {
 	if err := os.Rename(tmp, out); err != nil {
 		t.Fatal(err)
 	}
-	built[pkg] = out
+	built[name] = out
 	return out
 }
 
@@ -112,4 +125,74 @@ func (o *Output) String() string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.buf.String()
+}
+
+// Process is a program run for one test. Its output is kept and, when the
+// test fails, the end of it goes to the test log.
+type Process struct {
+	Name string
+	Cmd  *exec.Cmd
+	out  Output
+	done chan struct{}
+	err  error
+}
+
+// Output is everything the process printed so far.
+func (p *Process) Output() string { return p.out.String() }
+
+// Exited says whether the process has ended, and how.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// Stop interrupts the process (SIGINT, killed after 10 s) and waits for it.
+func (p *Process) Stop() error {
+	_ = p.Cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.Cmd.Process.Kill()
+		<-p.done
+	}
+	return p.err
+}
+
+// Start runs bin with args and extra environment (added to this process's)
+// until the test ends or Stop; t.Cleanup stops it and, when the test failed,
+// logs the end of its output.
+func Start(t testing.TB, name string, env []string, bin string, args ...string) *Process {
+	t.Helper()
+	p := &Process{Name: name, done: make(chan struct{})}
+	p.Cmd = exec.Command(bin, args...)
+	p.Cmd.Env = append(os.Environ(), env...)
+	p.Cmd.Stdout, p.Cmd.Stderr = &p.out, &p.out
+	p.Cmd.WaitDelay = 10 * time.Second
+	if err := p.Cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.Cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = p.Stop()
+		if t.Failed() {
+			t.Logf("--- %s output (last 60 lines) ---\n%s", name, Tail(p.Output(), 60))
+		}
+	})
+	return p
+}
+
+// Tail is the last n lines of s.
+func Tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

@@ -36,9 +36,18 @@ func (p *process) Output() string { return p.out.String() }
 
 func start(t *testing.T, bin string, args ...string) *process {
 	t.Helper()
+	return startEnv(t, nil, bin, args...)
+}
+
+// startEnv is start with env added to the test's environment.
+func startEnv(t *testing.T, env []string, bin string, args ...string) *process {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &process{}
 	p.cmd = exec.CommandContext(ctx, bin, args...)
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	p.cmd.Cancel = func() error { return p.cmd.Process.Signal(os.Interrupt) }
 	p.cmd.WaitDelay = 5 * time.Second

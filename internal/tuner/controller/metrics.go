@@ -1,6 +1,10 @@
 package controller
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
 
 // metrics are the gpuslice_tuner_* series (DESIGN.md, "Tuner metrics").
 type metrics struct {
@@ -49,6 +53,18 @@ func (m *metrics) setReplicas(st *nodeState, node, resource string, configured, 
 	st.resource = resource
 	m.replicas.WithLabelValues(node, resource).Set(float64(configured))
 	m.recommended.WithLabelValues(node, resource).Set(float64(recommended))
+	m.createCounters(node, resource)
+}
+
+// createCounters creates a managed node's counters at 0. A counter born at
+// its first event has no earlier sample, so Prometheus' increase() cannot
+// see that event: the dashboards' change marks and the verify-failure alert
+// would miss the first change or failure on every node.
+func (m *metrics) createCounters(node, resource string) {
+	m.changes.WithLabelValues(node, resource, policy.DirectionUp)
+	m.changes.WithLabelValues(node, resource, policy.DirectionDown)
+	m.applyFailures.WithLabelValues(node)
+	m.verifyFailures.WithLabelValues(node)
 }
 
 // forget drops the gauges of a node the tuner no longer manages; counters

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds (once) NVIDIA's own components that the real-node tests run against
+# the simulated libnvidia-ml (hack/libnvml.sh): nvidia-device-plugin and
+# config-manager from github.com/NVIDIA/k8s-device-plugin (v0.19.0), pinned
+# by the separate module test/nvtools. They land in $GPUSLICE_ASSETS (default
+# .cache/bin) beside the control plane and are kept when present.
+# nvidia-device-plugin links go-nvml, which needs cgo; it dlopens
+# libnvidia-ml.so.1 at run time, so no NVIDIA driver is needed to build it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${GPUSLICE_ASSETS:-$root/.cache/bin}
+mkdir -p "$out"
+export CGO_CFLAGS=${CGO_CFLAGS:--Wno-deprecated-declarations}
+# The version comes from the module pin, so `--version` tells what was built.
+version=$(cd "$root/test/nvtools" && go list -m -f '{{.Version}}' github.com/NVIDIA/k8s-device-plugin)
+for cmd in nvidia-device-plugin config-manager; do
+  if [ ! -x "$out/$cmd" ]; then
+    echo "building NVIDIA $cmd $version into $out (slow the first time)" >&2
+    # The temporary name keeps a half-written binary from passing the -x
+    # test above if the build is interrupted.
+    (cd "$root/test/nvtools" && CGO_ENABLED=1 go build -trimpath -ldflags "-s -w -X github.com/NVIDIA/k8s-device-plugin/internal/info.version=$version" -o "$out/$cmd.tmp" "github.com/NVIDIA/k8s-device-plugin/cmd/$cmd")
+    mv "$out/$cmd.tmp" "$out/$cmd"
+  fi
+done
+echo "$out"

@@ -1,0 +1,290 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"gopkg.in/yaml.v3"
+
+	nvmlbackend "github.com/gpuslice/gpuslice/internal/gpu/nvml"
+	"github.com/gpuslice/gpuslice/internal/gpu/sim"
+)
+
+// repoRoot is the repository root, found from this file.
+func repoRoot(t testing.TB) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// hackBuild runs a hack/ build script, which builds what is missing or
+// stale and prints the path it made; the test fails with how to get it when
+// the script fails.
+func hackBuild(t testing.TB, script string) string {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join(repoRoot(t), "hack", script))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("hack/%s failed (run `make test-bins` and read its output): %v\n%s", script, err, stderr.String())
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// simLibraryDir builds libnvidia-ml.so.1 from the simulated GPU when it is
+// missing or stale and returns its directory, for LD_LIBRARY_PATH.
+func simLibraryDir(t testing.TB) string {
+	return filepath.Dir(hackBuild(t, "libnvml.sh"))
+}
+
+// writeSim writes f as a sim file at path, atomically.
+func writeSim(t testing.TB, path string, f *sim.File) {
+	t.Helper()
+	b, err := yaml.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// libnvmlScenario is a node with what both backends must agree on: a busy
+// GPU with processes (one without an SM sample) and Xid events, an idle
+// GPU with memory used outside any process, and a GPU in error.
+func libnvmlScenario() *sim.File {
+	return &sim.File{
+		DriverVersion: "580.95.05",
+		GPUs: []sim.GPU{
+			{UUID: "GPU-5ba4538b-234f-2c18-6a7a-458d0a7fb348", Name: "NVIDIA RTX A6000", MemoryTotalBytes: 51527024640,
+				Utilization: 0.42, TemperatureCelsius: 61, PowerWatts: 180.25,
+				XidEvents: []sim.XidEvent{{Xid: 79}, {Xid: 13}, {Xid: 79}},
+				Processes: []sim.Process{
+					{PID: 4242, UsedMemoryBytes: 4 << 30, SMUtilization: ptr(0.3)},
+					{PID: 4343, UsedMemoryBytes: 1 << 30},
+					{PID: 4444, UsedMemoryBytes: 2 << 30, SMUtilization: ptr(0.0)},
+				}},
+			{UUID: "GPU-0c3f7a64-11aa-4b2e-9d1c-0123456789ab", Name: "NVIDIA RTX A6000", MemoryTotalBytes: 51527024640,
+				MemoryUsedBytes: ptr(uint64(512 << 20)), TemperatureCelsius: 35, PowerWatts: 22},
+			{UUID: "GPU-deadbeef-0000-4000-8000-000000000002", Name: "NVIDIA RTX A6000", MemoryTotalBytes: 51527024640,
+				Error: "GPU has fallen off the bus", XidEvents: []sim.XidEvent{{Xid: 79}}},
+		},
+	}
+}
+
+// TestLibnvmlExporterMatchesSim runs gpuslice-exporter twice on one sim
+// file, once with --gpu.backend=sim and once with --gpu.backend=nvml over
+// the simulated libnvidia-ml, and checks that every gpuslice_ series but
+// the collectors' durations is the same, before and after the file
+// changes; then it scrapes the nvml one 1,000 times from 4 clients (two Go
+// runtimes in one process, under load) and compares again.
+func TestLibnvmlExporterMatchesSim(t *testing.T) {
+	libDir := simLibraryDir(t)
+	exporter := binary(t, "cmd/exporter")
+	simFile := filepath.Join(t.TempDir(), "gpus.yaml")
+	f := libnvmlScenario()
+	writeSim(t, simFile, f)
+
+	urls := map[string]string{}
+	for _, backend := range []string{"sim", "nvml"} {
+		addr := freeAddr(t)
+		startEnv(t, []string{"GPUSLICE_SIM_FILE=" + simFile, "LD_LIBRARY_PATH=" + libDir}, exporter,
+			"--web.listen-address="+addr, "--gpu.backend="+backend, "--sim.file="+simFile,
+			"--kubelet.pod-resources-socket=", "--pods.source=none", "--path.pod-logs="+t.TempDir())
+		urls[backend] = "http://" + addr + "/metrics"
+	}
+	same := func(want map[string]float64) func() string {
+		return func() string {
+			got := map[string]string{}
+			for backend, url := range urls {
+				m, err := scrape(url)
+				if err != nil {
+					return err.Error()
+				}
+				got[backend] = seriesText(m)
+				if backend != "nvml" {
+					continue
+				}
+				for series, v := range want {
+					if !strings.Contains(got[backend], fmt.Sprintf("%s %g\n", series, v)) {
+						return fmt.Sprintf("nvml exporter lacks %s %g:\n%s", series, v, got[backend])
+					}
+				}
+			}
+			if got["sim"] != got["nvml"] {
+				return fmt.Sprintf("series differ:\n--- sim\n%s--- nvml\n%s", got["sim"], got["nvml"])
+			}
+			return ""
+		}
+	}
+	g0, g1, bad := f.GPUs[0].UUID, f.GPUs[1].UUID, f.GPUs[2].UUID
+	eventually(t, 20*time.Second, same(map[string]float64{
+		`gpuslice_gpu_info{driver_version=580.95.05,gpu=0,name=NVIDIA RTX A6000,uuid=` + g0 + `}`: 1,
+		`gpuslice_gpu_memory_used_bytes{gpu=0,uuid=` + g0 + `}`:                                   7 << 30,
+		`gpuslice_gpu_power_watts{gpu=0,uuid=` + g0 + `}`:                                         180.25,
+		`gpuslice_gpu_xid_errors_total{gpu=0,uuid=` + g0 + `,xid=79}`:                             2,
+		`gpuslice_gpu_xid_errors_total{gpu=2,uuid=` + bad + `,xid=79}`:                            1,
+		`gpuslice_exporter_collect_success{collector=gpu}`:                                        0,
+	}))
+
+	// The file changes under both: new Xids, a process gone, the GPU in
+	// error back.
+	f.GPUs[1].XidEvents = []sim.XidEvent{{Xid: 31}, {Xid: 31}}
+	f.GPUs[0].Processes = f.GPUs[0].Processes[:1]
+	f.GPUs[2].Error = ""
+	writeSim(t, simFile, f)
+	eventually(t, 20*time.Second, same(map[string]float64{
+		`gpuslice_gpu_xid_errors_total{gpu=1,uuid=` + g1 + `,xid=31}`: 2,
+		`gpuslice_gpu_memory_used_bytes{gpu=0,uuid=` + g0 + `}`:       4 << 30,
+		`gpuslice_gpu_memory_total_bytes{gpu=2,uuid=` + bad + `}`:     51527024640,
+		`gpuslice_exporter_collect_success{collector=gpu}`:            1,
+	}))
+
+	const clients, scrapes = 4, 250
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for range clients {
+		wg.Go(func() {
+			for range scrapes {
+				m, err := scrape(urls["nvml"])
+				if err == nil && len(m["gpuslice_gpu_info"].GetMetric()) != 3 {
+					err = fmt.Errorf("scrape with %d gpuslice_gpu_info series, want 3", len(m["gpuslice_gpu_info"].GetMetric()))
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("scraping the nvml exporter %d times: %v", clients*scrapes, err)
+	}
+	eventually(t, 5*time.Second, same(nil))
+}
+
+// seriesText renders every gpuslice_ series of a scrape but the collect
+// durations (which differ between any two scrapes), one sorted line each.
+func seriesText(m metrics) string {
+	var lines []string
+	for name := range m {
+		if !strings.HasPrefix(name, "gpuslice_") || name == "gpuslice_exporter_collect_duration_seconds" {
+			continue
+		}
+		lines = append(lines, strings.Split(m.dump(name), "\n")...)
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n") + "\n"
+}
+
+// TestLibnvmlBackendMatchesSim loads the simulated libnvidia-ml into this
+// test process through go-nvml (the nvml backend's real dlopen path) and
+// checks that the nvml backend's snapshots and Xid counts equal the sim
+// backend's on the same file, from 4 goroutines at once.
+func TestLibnvmlBackendMatchesSim(t *testing.T) {
+	libDir := simLibraryDir(t)
+	simFile := filepath.Join(t.TempDir(), "gpus.yaml")
+	writeSim(t, simFile, libnvmlScenario())
+	// The library reads its environment when it is loaded, at Init.
+	t.Setenv("GPUSLICE_SIM_FILE", simFile)
+	nb, err := nvmlbackend.New(nvml.New(nvml.WithLibraryPath(filepath.Join(libDir, "libnvidia-ml.so.1"))),
+		nvmlbackend.Options{XidPollTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := nb.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	sb := sim.New(simFile)
+	ctx := context.Background()
+
+	compare := func() error {
+		want, err := sb.Snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		got, err := nb.Snapshot(ctx)
+		if err != nil {
+			return err
+		}
+		if len(want.Devices) == 0 || len(want.Failed) == 0 {
+			return fmt.Errorf("scenario lost its GPUs: %+v", want)
+		}
+		if !reflect.DeepEqual(got.Devices, want.Devices) || got.DriverVersion != want.DriverVersion {
+			return fmt.Errorf("nvml snapshot\n%+v\nwant (sim)\n%+v", got, want)
+		}
+		if len(got.Failed) != len(want.Failed) {
+			return fmt.Errorf("nvml failed GPUs %v, want (sim) %v", got.Failed, want.Failed)
+		}
+		for i := range want.Failed {
+			if got.Failed[i].Index != want.Failed[i].Index || got.Failed[i].UUID != want.Failed[i].UUID ||
+				!strings.Contains(got.Failed[i].Error(), "GPU is lost") {
+				return fmt.Errorf("nvml failed GPU %v, want (sim) %v, lost", &got.Failed[i], &want.Failed[i])
+			}
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			for range 250 {
+				if err := compare(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() string {
+		got, want := nb.Xids(), sb.Xids()
+		if len(want) != 3 || !reflect.DeepEqual(got, want) {
+			return fmt.Sprintf("nvml Xids %+v, want (sim) %+v", got, want)
+		}
+		return ""
+	})
+}
+
+// TestLibnvmlInitFailsOnBadFile checks that a sim file that cannot be
+// read fails NVML's init with a message that names the file.
+func TestLibnvmlInitFailsOnBadFile(t *testing.T) {
+	libDir := simLibraryDir(t)
+	exporter := binary(t, "cmd/exporter")
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	cmd := exec.Command(exporter, "--gpu.backend=nvml", "--web.listen-address="+freeAddr(t),
+		"--kubelet.pod-resources-socket=", "--pods.source=none")
+	cmd.Env = append(os.Environ(), "GPUSLICE_SIM_FILE="+missing, "LD_LIBRARY_PATH="+libDir)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("exporter started on a missing sim file:\n%s", out)
+	}
+	if !strings.Contains(string(out), "Driver Not Loaded") || !strings.Contains(string(out), missing) {
+		t.Errorf("exporter output does not say NVML init failed on %s:\n%s", missing, out)
+	}
+}

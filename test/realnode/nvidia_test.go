@@ -1,0 +1,328 @@
+package realnode_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpuslice/gpuslice/internal/testenv"
+	"github.com/gpuslice/gpuslice/internal/testproc"
+	"github.com/gpuslice/gpuslice/test/realnode"
+)
+
+const (
+	nvidiaImage = "gpuslice.local/nvidia-device-plugin:v0.19.0"
+	nvidiaNS    = "nvidia-device-plugin"
+	nvidiaCM    = "nvidia-device-plugin-configs"
+	nvidiaDS    = "nvidia-device-plugin"
+	configLbl   = "nvidia.com/device-plugin.config"
+	// driverRoot is the host directory mounted at /driver-root, where
+	// NVIDIA's plugin looks for libnvidia-ml.so.1 (its --driver-root-ctr-path
+	// default), as NVIDIA's chart mounts the host's driver root.
+	driverRoot = simGPUPath + "/driver-root"
+)
+
+func sharedConfig(replicas int) string {
+	return fmt.Sprintf(`version: v1
+flags:
+  migStrategy: none
+sharing:
+  timeSlicing:
+    resources:
+    - name: nvidia.com/gpu
+      replicas: %d
+`, replicas)
+}
+
+// nvidiaImageOnce builds the image of NVIDIA's plugin and config-manager
+// (v0.19.0, built by hack/nvidia-bins.sh) with the libraries they link, and
+// lays the simulated libnvidia-ml.so.1 out under the driver root.
+func nvidiaSetup(t *testing.T) {
+	t.Helper()
+	n := need(t)
+	lib := nvmlLib(t)
+	if lib == "" {
+		t.Fatal("no simulated libnvidia-ml.so.1 in .cache/lib (run `make test-bins`, which runs hack/libnvml.sh)")
+	}
+	var files []string
+	for _, b := range []string{"nvidia-device-plugin", "config-manager"} {
+		p := filepath.Join(testenv.AssetsDir(), b)
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("NVIDIA's %s not built (run `make test-bins`, which runs hack/nvidia-bins.sh): %v", b, err)
+		}
+		files = append(files, p+"=/usr/bin/"+b)
+	}
+	// The library's own needs go into the image: it is loaded into the
+	// plugin's process, which sees the image's libc.
+	files = append(files, lib+"=/usr/lib/gpuslice-sim/libnvidia-ml.so.1")
+	if err := n.ImportImageWithLibs(context.Background(), nvidiaImage, "/usr/bin/nvidia-device-plugin", files...); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(driverRoot, "usr", "lib", "x86_64-linux-gnu", "libnvidia-ml.so.1")
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, lib, dst)
+	ensureNamespace(t, nvidiaNS)
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	tmp := dst + ".tmp"
+	out, err := os.Create(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nvidiaDaemonSet is NVIDIA's chart's DaemonSet in config-manager form:
+// config-manager as init container (oneshot) and sidecar (signals the
+// plugin through the shared PID namespace), the configs from a real
+// ConfigMap volume. With withConfigManager false it is the plain form that
+// restart mode drives: the plugin reads one key of the ConfigMap.
+// hostNetwork and a mounted kubeconfig stand in for the pod network and
+// service-account tokens this node does not have.
+func nvidiaDaemonSet(n *realnode.Node, withConfigManager bool, plainKey string) *appsv1.DaemonSet {
+	hostDir := corev1.HostPathDirectory
+	env := func(kv ...string) []corev1.EnvVar {
+		out := []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+			{Name: "KUBECONFIG", Value: n.Kubeconfig}}
+		for i := 0; i+1 < len(kv); i += 2 {
+			out = append(out, corev1.EnvVar{Name: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	cmEnv := func(oneshot, signal string) []corev1.EnvVar {
+		return env("ONESHOT", oneshot, "NODE_LABEL", configLbl, "CONFIG_FILE_SRCDIR", "/available-configs",
+			"CONFIG_FILE_DST", "/config/config.yaml", "DEFAULT_CONFIG", "", "FALLBACK_STRATEGIES", "named,single",
+			"SEND_SIGNAL", signal, "SIGNAL", "1", "PROCESS_TO_SIGNAL", "nvidia-device-plugin")
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: "device-plugin", MountPath: "/var/lib/kubelet/device-plugins"},
+		{Name: "driver-root", MountPath: "/driver-root", ReadOnly: true},
+		{Name: "sim", MountPath: simGPUPath, ReadOnly: true},
+		{Name: "kubeconfig", MountPath: filepath.Dir(filepath.Dir(n.Kubeconfig)), ReadOnly: true},
+		{Name: "available-configs", MountPath: "/available-configs"},
+		{Name: "config", MountPath: "/config"},
+	}
+	configFile := "/config/config.yaml"
+	if !withConfigManager {
+		configFile = "/available-configs/" + plainKey
+	}
+	plugin := corev1.Container{
+		Name: "nvidia-device-plugin-ctr", Image: nvidiaImage, ImagePullPolicy: corev1.PullNever,
+		Command: []string{"nvidia-device-plugin"},
+		Env: env("CONFIG_FILE", configFile, "FAIL_ON_INIT_ERROR", "true",
+			"GPUSLICE_SIM_FILE", simGPUPath+"/gpus.yaml", "NVIDIA_MIG_MONITOR_DEVICES", "all"),
+		VolumeMounts: mounts,
+	}
+	spec := corev1.PodSpec{
+		HostNetwork:           true,
+		ShareProcessNamespace: ptr(true),
+		NodeSelector:          map[string]string{"kubernetes.io/hostname": n.Name},
+		Containers:            []corev1.Container{plugin},
+		Volumes: []corev1.Volume{
+			{Name: "device-plugin", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: n.DevicePluginDir}}},
+			{Name: "driver-root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: driverRoot, Type: &hostDir}}},
+			{Name: "sim", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: simGPUPath, Type: &hostDir}}},
+			{Name: "kubeconfig", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: filepath.Dir(filepath.Dir(n.Kubeconfig)), Type: &hostDir}}},
+			{Name: "available-configs", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+				LocalObjectReference: corev1.LocalObjectReference{Name: nvidiaCM}}}},
+			{Name: "config", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		},
+	}
+	if withConfigManager {
+		cm := corev1.Container{Name: "config-manager", Image: nvidiaImage, ImagePullPolicy: corev1.PullNever,
+			Command: []string{"config-manager"}, VolumeMounts: mounts}
+		initC := cm
+		initC.Name = "config-manager-init"
+		initC.Env = cmEnv("true", "false")
+		cm.Env = cmEnv("false", "true")
+		spec.InitContainers = []corev1.Container{initC}
+		spec.Containers = append(spec.Containers, cm)
+	}
+	labels := map[string]string{"app": nvidiaDS}
+	return &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: nvidiaNS, Name: nvidiaDS},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: spec},
+		},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// runNVIDIA creates the ConfigMap and DaemonSet and removes them (and the
+// node's label) when the test ends.
+func runNVIDIA(t *testing.T, configs map[string]string, ds *appsv1.DaemonSet) {
+	t.Helper()
+	n := world.node
+	ctx := context.Background()
+	if _, err := n.Client.CoreV1().ConfigMaps(nvidiaNS).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: nvidiaNS, Name: nvidiaCM}, Data: configs}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Client.AppsV1().DaemonSets(nvidiaNS).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logNVIDIAPods(t)
+		}
+		fg := metav1.DeletePropagationForeground
+		_ = n.Client.AppsV1().DaemonSets(nvidiaNS).Delete(ctx, nvidiaDS, metav1.DeleteOptions{PropagationPolicy: &fg})
+		_ = n.Client.CoreV1().ConfigMaps(nvidiaNS).Delete(ctx, nvidiaCM, metav1.DeleteOptions{})
+		testproc.Eventually(t, 60*time.Second, 200*time.Millisecond, func() string {
+			pods, _ := n.Client.CoreV1().Pods(nvidiaNS).List(ctx, metav1.ListOptions{})
+			if len(pods.Items) > 0 {
+				zero := int64(0)
+				for _, p := range pods.Items {
+					_ = n.Client.CoreV1().Pods(nvidiaNS).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+				}
+				return fmt.Sprintf("%d NVIDIA plugin pods left", len(pods.Items))
+			}
+			return ""
+		})
+		setLabel(t, "")
+		// NVIDIA's plugin leaves nvidia.com/gpu devices that the kubelet keeps
+		// (unhealthy) until its next registration: wait for allocatable 0.
+		waitAllocatable(t, gpuRes, 0, 60*time.Second)
+	})
+}
+
+func logNVIDIAPods(t *testing.T) {
+	pods, err := world.node.Client.CoreV1().Pods(nvidiaNS).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		t.Logf("NVIDIA pod %s: %s (%s)", p.Name, p.Status.Phase, podWhy(p))
+		for _, c := range []string{"config-manager-init", "nvidia-device-plugin-ctr", "config-manager"} {
+			if l := containerLog(t, p, c); l != "" {
+				t.Logf("--- %s/%s (last 25 lines) ---\n%s", p.Name, c, testproc.Tail(l, 25))
+			}
+		}
+	}
+}
+
+func setLabel(t *testing.T, value string) {
+	t.Helper()
+	v := "null"
+	if value != "" {
+		v = fmt.Sprintf("%q", value)
+	}
+	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, configLbl, v))
+	if _, err := world.node.Client.CoreV1().Nodes().Patch(context.Background(), world.node.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNVIDIAConfigManagerLabelFlip: NVIDIA's own plugin and config-manager
+// on the real node, against the simulated libnvidia-ml. An unlabelled node
+// starts on the single config; flipping the node's label to another key
+// makes config-manager switch the file and signal the plugin, which
+// re-registers with the new count.
+func TestNVIDIAConfigManagerLabelFlip(t *testing.T) {
+	nvidiaSetup(t)
+	runNVIDIA(t, map[string]string{"shared-2": sharedConfig(2)}, nvidiaDaemonSet(world.node, true, ""))
+	d := waitAllocatable(t, gpuRes, 2, 120*time.Second)
+	t.Logf("NVIDIA's plugin, unlabelled node, single config: allocatable 2 after %v", d.Round(100*time.Millisecond))
+
+	// A second key: the `single` fallback no longer applies to an
+	// unlabelled node, so the label must name the key.
+	ctx := context.Background()
+	cm, err := world.node.Client.CoreV1().ConfigMaps(nvidiaNS).Get(ctx, nvidiaCM, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["shared-4"] = sharedConfig(4)
+	if _, err := world.node.Client.CoreV1().ConfigMaps(nvidiaNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The kubelet refreshes ConfigMap volumes on its sync period (up to a
+	// minute and more): flipping the label before the key is in the volume
+	// makes config-manager fail ("specified config … does not exist").
+	keyInVolume := func() string {
+		pods, _ := world.node.Client.CoreV1().Pods(nvidiaNS).List(ctx, metav1.ListOptions{})
+		for _, p := range pods.Items {
+			m, _ := filepath.Glob(filepath.Join(world.node.KubeletRootDir, "pods", string(p.UID), "volumes", "kubernetes.io~configmap", "available-configs", "shared-4"))
+			if len(m) == 1 {
+				return ""
+			}
+		}
+		return "key shared-4 not yet in the pod's ConfigMap volume"
+	}
+	start := time.Now()
+	testproc.Eventually(t, 180*time.Second, 500*time.Millisecond, keyInVolume)
+	t.Logf("ConfigMap update reached the pod's volume after %v", time.Since(start).Round(100*time.Millisecond))
+	start = time.Now()
+	setLabel(t, "shared-4")
+	d = waitAllocatable(t, gpuRes, 4, 120*time.Second)
+	t.Logf("label flip → NVIDIA's plugin advertising 4 in Node.status after %v", time.Since(start).Round(100*time.Millisecond))
+	_ = d
+	// Pods get NVIDIA's allocation (NVIDIA_VISIBLE_DEVICES = the GPU's UUID)
+	// and run on the simulated GPU.
+	p := createPod(t, fakeCUDAPod("nv-a", podOpts{args: []string{"-memory", "0s=1Gi", "-print-env"}}))
+	p = waitRunning(t, p.Name, 60*time.Second)
+	testproc.Eventually(t, 20*time.Second, 200*time.Millisecond, func() string {
+		if l := containerLog(t, p, "cuda"); !strings.Contains(l, "env NVIDIA_VISIBLE_DEVICES="+gpuUUID) {
+			return "container log lacks NVIDIA_VISIBLE_DEVICES=" + gpuUUID + ":\n" + l
+		}
+		return ""
+	})
+}
+
+// TestNVIDIARestartMode: the plain DaemonSet reads one key; restart mode
+// rewrites that key and restarts the DaemonSet the way `kubectl rollout
+// restart` does, and the new pod advertises the new count.
+func TestNVIDIARestartMode(t *testing.T) {
+	nvidiaSetup(t)
+	runNVIDIA(t, map[string]string{"config.yaml": sharedConfig(2)}, nvidiaDaemonSet(world.node, false, "config.yaml"))
+	waitAllocatable(t, gpuRes, 2, 120*time.Second)
+	ctx := context.Background()
+	cm, err := world.node.Client.CoreV1().ConfigMaps(nvidiaNS).Get(ctx, nvidiaCM, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["config.yaml"] = sharedConfig(3)
+	if _, err := world.node.Client.CoreV1().ConfigMaps(nvidiaNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339))
+	if _, err := world.node.Client.AppsV1().DaemonSets(nvidiaNS).Patch(ctx, nvidiaDS, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			t.Fatal("DaemonSet gone")
+		}
+		t.Fatal(err)
+	}
+	waitAllocatable(t, gpuRes, 3, 180*time.Second)
+	t.Logf("restart mode: key rewritten + rollout restart → allocatable 3 after %v", time.Since(start).Round(100*time.Millisecond))
+}

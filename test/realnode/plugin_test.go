@@ -1,0 +1,166 @@
+package realnode_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/internal/testproc"
+)
+
+// containerLog is everything the pod's container wrote, from the real CRI
+// log files under /var/log/pods (kubectl logs cannot reach this kubelet).
+func containerLog(t *testing.T, pod *corev1.Pod, container string) string {
+	t.Helper()
+	dir := filepath.Join(world.node.PodLogsDir, fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID), container)
+	files, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err == nil {
+			b.Write(data)
+		}
+	}
+	return b.String()
+}
+
+// TestPluginOnRealKubelet: gpuslice-plugin registers with the real kubelet,
+// its replica count changes live in both directions, a lowering keeps the
+// pods that hold IDs above the new count running while new pods wait, the
+// container sees NVIDIA_VISIBLE_DEVICES and the memory budget, and a plugin
+// restart brings the devices back.
+func TestPluginOnRealKubelet(t *testing.T) {
+	need(t)
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	writeConfig(t, cfg, 4)
+	plugin, _ := startPlugin(t, cfg)
+	d := waitAllocatable(t, gpuRes, 4, 60*time.Second)
+	t.Logf("registration: allocatable 4 after %v", d.Round(100*time.Millisecond))
+
+	a := createPod(t, fakeCUDAPod("plugin-a", podOpts{args: []string{"-memory", "0s=1Gi", "-print-env"}}))
+	a = waitRunning(t, a.Name, 60*time.Second)
+	testproc.Eventually(t, 20*time.Second, 200*time.Millisecond, func() string {
+		log := containerLog(t, a, "cuda")
+		for _, want := range []string{
+			"env NVIDIA_VISIBLE_DEVICES=" + gpuUUID,
+			fmt.Sprintf("env GPUSLICE_GPU_MEMORY_BUDGET_BYTES=%d", gpuTotal/4),
+			"fakecuda: pid ",
+		} {
+			if !strings.Contains(log, want) {
+				return fmt.Sprintf("container log lacks %q:\n%s", want, log)
+			}
+		}
+		return ""
+	})
+
+	// Up: 4 → 6, live.
+	writeConfig(t, cfg, 6)
+	d = waitAllocatable(t, gpuRes, 6, 60*time.Second)
+	t.Logf("raise 4→6: Node.status.allocatable after %v", d.Round(100*time.Millisecond))
+
+	b := createPod(t, fakeCUDAPod("plugin-b", podOpts{args: []string{"-memory", "0s=1Gi"}}))
+	c := createPod(t, fakeCUDAPod("plugin-c", podOpts{args: []string{"-memory", "0s=1Gi"}}))
+	waitRunning(t, b.Name, 60*time.Second)
+	waitRunning(t, c.Name, 60*time.Second)
+
+	// Down: 6 → 2 with 3 IDs held. The held pods keep running; a new pod
+	// does not start until enough of them are gone.
+	writeConfig(t, cfg, 2)
+	time.Sleep(12 * time.Second) // a full node-status period of the kubelet
+	for _, name := range []string{a.Name, b.Name, c.Name} {
+		if p := getPod(t, name); p.Status.Phase != corev1.PodRunning {
+			t.Fatalf("lowering stopped %s: %s (%s)", name, p.Status.Phase, podWhy(p))
+		}
+	}
+	t.Logf("after lowering 6→2 with 3 held: allocatable %d", allocatable(t, gpuRes))
+	e := createPod(t, fakeCUDAPod("plugin-e", podOpts{args: []string{"-memory", "0s=1Gi"}}))
+	time.Sleep(5 * time.Second)
+	if p := getPod(t, e.Name); p.Status.Phase == corev1.PodRunning {
+		t.Fatalf("a new pod started with 3 IDs held over a count of 2")
+	} else {
+		t.Logf("new pod over a lowered count: %s (%s)", p.Status.Phase, podWhy(p))
+	}
+	deletePod(t, a.Name)
+	deletePod(t, b.Name)
+	// With only c holding an ID, e fits the count of 2 again. A pod the
+	// kubelet already rejected (UnexpectedAdmissionError) is Failed for
+	// good; the scheduler only retries a Pending one.
+	if p := getPod(t, e.Name); p.Status.Phase == corev1.PodFailed {
+		t.Logf("the kubelet rejected %s at admission: %s", e.Name, podWhy(p))
+		deletePod(t, e.Name)
+		e = createPod(t, fakeCUDAPod("plugin-e2", podOpts{args: []string{"-memory", "0s=1Gi"}}))
+	}
+	waitRunning(t, e.Name, 90*time.Second)
+	waitAllocatable(t, gpuRes, 2, 60*time.Second)
+
+	// Plugin restart: the kubelet marks the devices unhealthy while it is
+	// gone (allocatable 0) and takes them back when it registers again;
+	// running pods are not touched.
+	if err := plugin.Stop(); err != nil {
+		t.Logf("plugin exited: %v", err)
+	}
+	startPlugin(t, cfg) // waits for allocatable 0 first
+	waitAllocatable(t, gpuRes, 2, 60*time.Second)
+	for _, name := range []string{c.Name, e.Name} {
+		if p := getPod(t, name); p.Status.Phase != corev1.PodRunning {
+			t.Fatalf("plugin restart stopped %s: %s", name, podWhy(p))
+		}
+	}
+}
+
+// TestKubeletRestartKeepsHeldIDs: a crash-looping pod holds a replica ID
+// while its container is not running; the kubelet restarts, PodResources
+// answers before the kubelet has rebuilt its pod list, and the pod must
+// still start again on its ID (the kubelet re-admits it) instead of being
+// rejected because the plugin dropped the ID.
+func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
+	n := need(t)
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	writeConfig(t, cfg, 2)
+	startPlugin(t, cfg)
+	waitAllocatable(t, gpuRes, 2, 60*time.Second)
+
+	holder := createPod(t, fakeCUDAPod("restart-holder", podOpts{args: []string{"-memory", "0s=1Gi"}}))
+	waitRunning(t, holder.Name, 60*time.Second)
+	looper := createPod(t, fakeCUDAPod("restart-looper", podOpts{args: []string{"-memory", "0s=1Gi", "-run", "2s"}}))
+	// Wait until the looper has run and exited at least once.
+	testproc.Eventually(t, 90*time.Second, 200*time.Millisecond, func() string {
+		p := getPod(t, looper.Name)
+		if len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].RestartCount < 1 {
+			return "looper has not restarted yet: " + podWhy(p)
+		}
+		return ""
+	})
+	if err := n.RestartKubelet(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// After the restart the looper keeps restarting on its ID: its restart
+	// count grows and it is never failed by admission.
+	before := getPod(t, looper.Name).Status.ContainerStatuses[0].RestartCount
+	testproc.Eventually(t, 120*time.Second, 500*time.Millisecond, func() string {
+		p := getPod(t, looper.Name)
+		if p.Status.Phase == corev1.PodFailed {
+			t.Fatalf("after the kubelet restart the looper was failed: %s", podWhy(p))
+		}
+		if rc := p.Status.ContainerStatuses[0].RestartCount; rc <= before {
+			return fmt.Sprintf("looper restart count %d, want > %d (%s)", rc, before, podWhy(p))
+		}
+		return ""
+	})
+	if p := getPod(t, holder.Name); p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("after the kubelet restart the holder is %s: %s", p.Status.Phase, podWhy(p))
+	}
+	ev, _ := n.Client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + looper.Name})
+	for _, e := range ev.Items {
+		if e.Reason == "UnexpectedAdmissionError" {
+			t.Fatalf("the looper was rejected at re-admission: %s", e.Message)
+		}
+	}
+}
