@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
@@ -192,6 +193,9 @@ func (h *harness) synced() {
 			if err != nil || cached.ResourceVersion != n.ResourceVersion {
 				return "informer behind on node " + n.Name
 			}
+		}
+		if cached, _ := h.c.nodes.List(labels.Everything()); len(cached) != len(nodes.Items) {
+			return "informer still has a deleted node"
 		}
 		return ""
 	})
