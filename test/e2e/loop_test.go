@@ -106,6 +106,8 @@ apply:
   # Nothing here plays NVIDIA's config-manager, so the raise is never
   # verified; the long timeout keeps the node from being held meanwhile.
   verifyTimeout: 10m
+  # No ConfigMap volume to wait for (the default, 90 s, is the kubelet's).
+  propagationDelay: 2s
 %s`, n2.name, n2.exporter, nvidiaConfigNS, nvidiaConfigName, modeLabel, policy))
 	t.Logf("cluster, nodes, pods and tuners up after %v", time.Since(began).Round(time.Millisecond))
 
