@@ -194,7 +194,9 @@ type Observation struct {
 	// means no floor beyond MinReplicas.
 	Floor int
 	// PendingRequest is the most replicas one pending pod waiting for this
-	// node's resource asks for; 0 when none waits.
+	// node's resource asks for; 0 when none waits. `gpuslice-tuner run`
+	// does not gather it yet: that needs read access to pods in every
+	// namespace, which its RBAC does not grant.
 	PendingRequest int
 	GPUs           []GPUObservation
 }
