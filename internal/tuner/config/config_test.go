@@ -170,7 +170,8 @@ func TestExampleFile(t *testing.T) {
 	if c.LeaderElection != d.LeaderElection {
 		t.Errorf("example leaderElection %+v differs from the defaults %+v", c.LeaderElection, d.LeaderElection)
 	}
-	if c.Apply.VerifyTimeout != d.Apply.VerifyTimeout || c.Apply.VerifyHold != d.Apply.VerifyHold || c.Apply.ConfigPrefix != d.Apply.ConfigPrefix {
+	if c.Apply.VerifyTimeout != d.Apply.VerifyTimeout || c.Apply.VerifyHold != d.Apply.VerifyHold || c.Apply.ConfigPrefix != d.Apply.ConfigPrefix ||
+		c.Apply.PropagationDelay != d.Apply.PropagationDelay {
 		t.Errorf("example apply %+v differs from the defaults", c.Apply)
 	}
 	data, err := os.ReadFile(path)
