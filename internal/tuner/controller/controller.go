@@ -4,7 +4,11 @@
 // it, and then checks that the node's allocatable GPU resource followed.
 //
 // The decision stays a pure function (internal/tuner/policy); this package
-// only gathers, calls it and applies. Its rules for writing:
+// only gathers, calls it and applies. A round walks: round (gather the
+// signals and the selected nodes) → the mode's applier (applier.go,
+// configmanager.go, restart.go) → policy.Decide (trace.go) → gate (gate.go:
+// pure, state in, verdict out) → the write helpers (write.go). Its rules for
+// writing:
 //
 //   - Every write reads the object fresh, changes only the tuner's own keys,
 //     labels and annotations, carries the resourceVersion it read (a
