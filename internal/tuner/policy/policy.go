@@ -34,9 +34,10 @@
 //     memory in use at the OOM or the sample before it left less free than
 //     the largest footprint F) and at least two pods held replicas. An OOM
 //     raised by a per-process cap (Kind OOMCap, PyTorch's
-//     set_per_process_memory_fraction) is the application's own limit, and
-//     a lone pod's OOM, or one with 3 of 48 GiB in use, would happen at any
-//     count: neither lowers nor holds a raise back. A sharing OOM with A
+//     set_per_process_memory_fraction) is the application's own limit, an
+//     NVENC session failure (OOMEncoderSession) is no memory at all, and a
+//     lone pod's OOM, or one with 3 of 48 GiB in use, would happen at any
+//     count: none of them lowers or holds a raise back. A sharing OOM with A
 //     pods holding replicas proves that A did not fit; the target is the
 //     count the measured footprints fit, the largest k whose k hungriest
 //     container peaks sum to at most TargetUtilization × total, but never
@@ -146,7 +147,8 @@ type Sample struct {
 	ReplicasAllocated  int
 }
 
-// OOMKind says what ran out at a GPU OOM.
+// OOMKind says what ran out at a GPU OOM. The values are internal/oom's
+// Kind values, which the exporter's OOM counter carries in its `kind` label.
 type OOMKind string
 
 // OOM kinds.
@@ -159,7 +161,11 @@ const (
 	// OOMCap: a per-process cap was reached (PyTorch's
 	// set_per_process_memory_fraction, TensorFlow's memory limit): the
 	// application's own limit, not the GPU's.
-	OOMCap OOMKind = "cap"
+	OOMCap OOMKind = "process-cap"
+	// OOMEncoderSession: NVENC could not open an encoding session. Logged
+	// like an OOM, it is a session limit, not memory: it neither lowers nor
+	// holds a raise.
+	OOMEncoderSession OOMKind = "encoder-session"
 )
 
 // OOM is one GPU out-of-memory event.
@@ -400,7 +406,7 @@ func (v gpuView) ooms() oomIncidents {
 			if k < len(s.OOMs) {
 				o = s.OOMs[k]
 			}
-			if o.Kind == OOMCap || (o.Kind == OOMUnknown && !full) {
+			if o.Kind == OOMCap || o.Kind == OOMEncoderSession || (o.Kind == OOMUnknown && !full) {
 				continue
 			}
 			sharing++

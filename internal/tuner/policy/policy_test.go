@@ -190,6 +190,9 @@ func TestDecide(t *testing.T) {
 			// held by the 46 GiB in use, as any sample would be, not by the OOM
 			node(4, now.Add(-time.Hour), with(roomy, last(1), oomOf(4, 46*GiB, OOM{Container: "media/rife/rife", Kind: OOMCap}))),
 			4, ReasonInsufficientHeadroom, DirectionNone},
+		{"an NVENC session failure is no memory OOM", def,
+			node(4, now.Add(-time.Hour), with(roomy, last(1), oomOf(4, 46*GiB, OOM{Container: "media/ffmpeg/ffmpeg", Kind: OOMEncoderSession}))),
+			4, ReasonInsufficientHeadroom, DirectionNone},
 		{"an OOM the source calls a full device lowers whatever the figures", def,
 			node(4, now.Add(-time.Hour), with(roomy, last(1), oomOf(4, 10*GiB, OOM{Container: "media/rife/rife", Kind: OOMDevice}))),
 			3, ReasonGPUOOM, DirectionDown},

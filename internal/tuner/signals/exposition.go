@@ -113,15 +113,16 @@ func oomSeries(namespace, pod, container, source string) string {
 }
 
 // oomOf is the OOM an event of a counter series stands for. The `kind`
-// label (device: the GPU was full; cap: a per-process cap) is optional; an
-// exporter without it leaves the kind to the policy's memory figures.
+// label (internal/oom's Kind: device, process-cap, encoder-session) is
+// optional; an exporter without it, or an unknown value, leaves the kind to
+// the policy's memory figures.
 func oomOf(l map[string]string) policy.OOM {
 	o := policy.OOM{Kind: policy.OOMUnknown}
 	if l["pod"] != "" {
 		o.Container = ContainerKey(l["namespace"], l["pod"], l["container"])
 	}
 	switch k := policy.OOMKind(l["kind"]); k {
-	case policy.OOMDevice, policy.OOMCap:
+	case policy.OOMDevice, policy.OOMCap, policy.OOMEncoderSession:
 		o.Kind = k
 	}
 	return o

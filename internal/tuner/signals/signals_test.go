@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/gpuslice/gpuslice/internal/oom"
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 )
 
@@ -32,7 +33,7 @@ gpuslice_gpu_replicas_allocated{gpu="0",resource="nvidia.com/gpu",uuid="GPU-a"} 
 # TYPE gpuslice_gpu_oom_events_total counter
 gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="log",uuid="GPU-a"} 2
 gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="termination",uuid="GPU-a"} 1
-gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="cap",namespace="ml",pod="llm",source="log",uuid="GPU-a"} 1
+gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="process-cap",namespace="ml",pod="llm",source="log",uuid="GPU-a"} 1
 # TYPE go_goroutines gauge
 go_goroutines 12
 `
@@ -47,9 +48,9 @@ func TestParseExposition(t *testing.T) {
 			Index: "0", MemoryTotalBytes: 51527024640, MemoryUsedBytes: 12e9,
 			Containers:         map[string]uint64{"ml/yolo/main": 4e9, "media/ffmpeg/enc": 5e8},
 			ReplicasAdvertised: 6, ReplicasAllocated: 3,
-			OOMCounters: map[string]float64{"ml/yolo/main/log/": 2, "ml/yolo/main/termination/": 1, "ml/llm/train/log/cap": 1},
+			OOMCounters: map[string]float64{"ml/yolo/main/log/": 2, "ml/yolo/main/termination/": 1, "ml/llm/train/log/process-cap": 1},
 			OOMSeries: map[string]policy.OOM{"ml/yolo/main/log/": {Container: "ml/yolo/main"}, "ml/yolo/main/termination/": {Container: "ml/yolo/main"},
-				"ml/llm/train/log/cap": {Container: "ml/llm/train", Kind: policy.OOMCap}},
+				"ml/llm/train/log/process-cap": {Container: "ml/llm/train", Kind: policy.OOMCap}},
 		},
 		"GPU-b": {Index: "1", MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}},
 	}
@@ -161,5 +162,24 @@ func TestWindow(t *testing.T) {
 	}
 	if got := times(obs["n1"][0].Samples); !cmp.Equal(got, []int{100}) {
 		t.Errorf("after prune GPU-a has %v, want [100]", got)
+	}
+}
+
+// The kinds the policy reads are the OOM matcher's, by value: the `kind`
+// label carries internal/oom's Kind.
+func TestOOMKindsAreTheMatchers(t *testing.T) {
+	for _, tc := range []struct {
+		matcher oom.Kind
+		policy  policy.OOMKind
+	}{
+		{oom.KindDevice, policy.OOMDevice},
+		{oom.KindProcessCap, policy.OOMCap},
+		{oom.KindEncoderSession, policy.OOMEncoderSession},
+		{oom.KindUnknown, policy.OOMUnknown},
+		{"something-new", policy.OOMUnknown},
+	} {
+		if got := oomOf(map[string]string{"kind": string(tc.matcher)}).Kind; got != tc.policy {
+			t.Errorf("kind %q reads as %q, want %q", tc.matcher, got, tc.policy)
+		}
 	}
 }
