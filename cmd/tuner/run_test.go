@@ -71,6 +71,7 @@ apply:
   mode: config-manager
   configMap: {namespace: %s, name: plugin-configs}
   key: default
+  propagationDelay: 1s # no ConfigMap volume here; the default waits 90 s for the kubelet's
 policy: {window: 2s, sampleInterval: 200ms, pressureWindow: 1s, cooldown: 1h}
 `, ns, node, exporter.URL, ns)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {

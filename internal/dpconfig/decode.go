@@ -10,22 +10,26 @@ import (
 
 // Field names of the document, as NVIDIA spells them.
 const (
-	keyVersion    = "version"
-	keyFlags      = "flags"
-	keyMig        = "migStrategy"
-	keySharing    = "sharing"
-	keyTimeSlice  = "timeSlicing"
-	keyMPS        = "mps"
-	keyRenameDef  = "renameByDefault"
-	keyFailGT1    = "failRequestsGreaterThanOne"
-	keyResources  = "resources"
-	keyName       = "name"
-	keyRename     = "rename"
-	keyDevices    = "devices"
-	keyReplicas   = "replicas"
-	resourceNS    = "nvidia.com/"
-	pathTimeSlice = keySharing + "." + keyTimeSlice
-	pathResources = pathTimeSlice + "." + keyResources
+	keyVersion      = "version"
+	keyFlags        = "flags"
+	keyMig          = "migStrategy"
+	keySharing      = "sharing"
+	keyTimeSlice    = "timeSlicing"
+	keyMPS          = "mps"
+	keyRenameDef    = "renameByDefault"
+	keyFailGT1      = "failRequestsGreaterThanOne"
+	keyResources    = "resources"
+	keyName         = "name"
+	keyRename       = "rename"
+	keyDevices      = "devices"
+	keyReplicas     = "replicas"
+	resourceNS      = "nvidia.com/"
+	keyPlugin       = "plugin"
+	keyListStrategy = "deviceListStrategy"
+	keyIDStrategy   = "deviceIDStrategy"
+	pathPlugin      = keyFlags + "." + keyPlugin
+	pathTimeSlice   = keySharing + "." + keyTimeSlice
+	pathResources   = pathTimeSlice + "." + keyResources
 )
 
 // lineMap remembers the line of every field path decode saw, so that errors
@@ -85,6 +89,14 @@ func decode(doc *yaml.Node) (Config, lineMap, Errors) {
 		if v := flags[keyMig]; v != nil {
 			if s, ok := d.str(v, keyFlags+"."+keyMig); ok {
 				c.MigStrategy = s
+			}
+		}
+		if plugin := d.mapping(flags[keyPlugin], pathPlugin); plugin != nil {
+			if v := plugin[keyListStrategy]; v != nil {
+				c.DeviceListStrategy = d.strings(v, pathPlugin+"."+keyListStrategy)
+			}
+			if v := plugin[keyIDStrategy]; v != nil {
+				c.DeviceIDStrategy, _ = d.str(v, pathPlugin+"."+keyIDStrategy)
 			}
 		}
 	}
@@ -244,13 +256,43 @@ func (d *decoder) str(n *yaml.Node, path string) (string, bool) {
 	return n.Value, true
 }
 
+// yaml11Bools are the plain scalars YAML 1.1 reads as booleans beyond
+// true/false. NVIDIA's plugin parses its config with sigs.k8s.io/yaml
+// (go-yaml v2, YAML 1.1), so `renameByDefault: yes` means true there.
+var yaml11Bools = map[string]bool{
+	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true, "on": true, "On": true, "ON": true,
+	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
+}
+
 func (d *decoder) boolean(n *yaml.Node, path string) (bool, bool) {
+	if v, ok := yaml11Bools[n.Value]; ok && n.Kind == yaml.ScalarNode && n.Style == 0 { // plain: not quoted, no explicit tag
+		return v, true
+	}
 	var b bool
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" || n.Decode(&b) != nil {
 		d.fail(path, n, "must be true or false, got %s", describe(n))
 		return false, false
 	}
 	return b, true
+}
+
+// strings reads a string or a list of strings, as NVIDIA reads
+// deviceListStrategy.
+func (d *decoder) strings(n *yaml.Node, path string) []string {
+	n = resolve(n)
+	if n.Kind != yaml.SequenceNode {
+		if s, ok := d.str(n, path); ok {
+			return []string{s}
+		}
+		return nil
+	}
+	out := []string{}
+	for i, item := range n.Content {
+		if s, ok := d.str(resolve(item), fmt.Sprintf("%s[%d]", path, i)); ok {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func (d *decoder) integer(n *yaml.Node, path string) (int, bool) {

@@ -70,6 +70,13 @@ type Config struct {
 	// Resources is sharing.timeSlicing.resources; empty means no
 	// time-slicing (every GPU exclusive).
 	Resources []Resource
+	// DeviceListStrategy and DeviceIDStrategy are
+	// flags.plugin.deviceListStrategy (a string or a list) and
+	// .deviceIDStrategy; nil and "" when absent (NVIDIA's defaults, envvar
+	// and uuid). gpuslice-plugin implements only the defaults and says so
+	// about any other value.
+	DeviceListStrategy []string
+	DeviceIDStrategy   string
 	// MPS is true when sharing.mps is set. Its content is not read: gpuslice
 	// does not implement MPS, and keeps the section untouched.
 	MPS bool

@@ -130,7 +130,8 @@ func TestSetReplicasToOneAndBack(t *testing.T) {
 	if err != nil || !changed {
 		t.Fatalf("SetReplicas(4) = %v, %v", changed, err)
 	}
-	want := Config{Version: "v1", MigStrategy: "none", Resources: []Resource{{Name: GPUResource, Devices: Devices{All: true}, Replicas: 4}}}
+	want := Config{Version: "v1", MigStrategy: "none", Resources: []Resource{{Name: GPUResource, Devices: Devices{All: true}, Replicas: 4}},
+		DeviceListStrategy: []string{"envvar"}}
 	if diff := cmp.Diff(want, f.Config()); diff != "" {
 		t.Errorf("Config after 4 (-want +got):\n%s", diff)
 	}

@@ -2,11 +2,16 @@ package dpconfig
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 )
+
+// deviceListStrategies are the values NVIDIA's plugin knows
+// (api/config/v1 consts.go); it refuses to start on any other.
+var deviceListStrategies = []string{"envvar", "volume-mounts", "cdi-annotations", "cdi-cri"}
 
 // maxResourceNameLength is NVIDIA's limit on a fully qualified resource name.
 const maxResourceNameLength = 63
@@ -23,6 +28,17 @@ func validate(c Config) Errors {
 	case "", "none", "single", "mixed":
 	default:
 		fail(keyFlags+"."+keyMig, "unknown MIG strategy %q, want none, single or mixed", c.MigStrategy)
+	}
+	for i, st := range c.DeviceListStrategy {
+		if !slices.Contains(deviceListStrategies, st) {
+			fail(fmt.Sprintf("%s.%s[%d]", pathPlugin, keyListStrategy, i), "unknown device list strategy %q, want one of %s",
+				st, strings.Join(deviceListStrategies, ", "))
+		}
+	}
+	switch c.DeviceIDStrategy {
+	case "", "uuid", "index":
+	default:
+		fail(pathPlugin+"."+keyIDStrategy, "unknown device ID strategy %q, want uuid or index", c.DeviceIDStrategy)
 	}
 	if c.MPS && len(c.Resources) > 0 {
 		fail(keySharing, "mps and timeSlicing are mutually exclusive; set one of them")

@@ -28,6 +28,17 @@ const (
 // ErrRequest is wrapped by Allocate's errors about a request itself.
 var ErrRequest = errors.New("invalid allocation request")
 
+// tooLargeError is a request over failRequestsGreaterThanOne, worded as
+// NVIDIA's plugin words it since v0.15 (internal/rm ValidateRequest), so
+// that users find its documentation and issues. It matches ErrRequest.
+type tooLargeError struct{ n int }
+
+func (e tooLargeError) Error() string {
+	return fmt.Sprintf("invalid request: maximum request size for shared resources is 1; found %d", e.n)
+}
+
+func (tooLargeError) Is(target error) bool { return target == ErrRequest }
+
 // Policy orders the devices GetPreferredAllocation prefers.
 type Policy string
 
@@ -78,8 +89,7 @@ func containerEnv(p plan, resource string, ids []string, failGreaterThanOne bool
 		}
 	}
 	if failGreaterThanOne && shared && len(ids) > 1 {
-		// NVIDIA's wording, so that users find its documentation.
-		return nil, fmt.Errorf("request for '%v: %v' too large: maximum request size for shared resources is 1", resource, len(ids))
+		return nil, tooLargeError{len(ids)}
 	}
 	return map[string]string{
 		EnvVisibleDevices: strings.Join(uuids, ","),

@@ -30,7 +30,7 @@ func TestContainerEnv(t *testing.T) {
 		{"two GPUs: the smaller share", []string{uuid1, rid(uuid0, 1)}, false,
 			map[string]string{EnvVisibleDevices: uuid1 + "," + uuid0, EnvMemoryBudget: strconv.FormatUint(12<<30, 10)}, ""},
 		{"failRequestsGreaterThanOne: NVIDIA's message", []string{rid(uuid0, 0), rid(uuid0, 1)}, true, nil,
-			"request for 'nvidia.com/gpu: 2' too large: maximum request size for shared resources is 1"},
+			"invalid request: maximum request size for shared resources is 1; found 2"},
 		{"failRequestsGreaterThanOne allows one replica", []string{rid(uuid0, 3)}, true,
 			map[string]string{EnvVisibleDevices: uuid0, EnvMemoryBudget: strconv.FormatUint(12<<30, 10)}, ""},
 		{"failRequestsGreaterThanOne leaves exclusive GPUs alone", []string{uuid0, uuid1}, true,
@@ -54,6 +54,9 @@ func TestContainerEnv(t *testing.T) {
 				t.Errorf("env (-want +got):\n%s", diff)
 			}
 		})
+	}
+	if _, err := containerEnv(p, "nvidia.com/gpu", []string{rid(uuid0, 0), rid(uuid0, 1)}, true); !errors.Is(err, ErrRequest) {
+		t.Errorf("failRequestsGreaterThanOne error %v does not match ErrRequest", err)
 	}
 	if _, err := containerEnv(p, "nvidia.com/gpu", []string{"x"}, false); !errors.Is(err, ErrRequest) {
 		t.Errorf("unknown device error %v does not wrap ErrRequest", err)

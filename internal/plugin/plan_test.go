@@ -123,6 +123,24 @@ func TestComputePlan(t *testing.T) {
 	}
 }
 
+// NVIDIA's device strategies other than its defaults are not implemented:
+// the plan says so rather than ignoring them silently.
+func TestComputePlanWarnsOfDeviceStrategies(t *testing.T) {
+	cfg := shared(2, func(c *dpconfig.Config) {
+		c.DeviceListStrategy, c.DeviceIDStrategy = []string{"envvar", "cdi-cri"}, "index"
+	})
+	p := computePlan(cfg, twoGPUs(), nil)
+	joined := strings.Join(p.Warnings, "\n")
+	for _, want := range []string{"deviceListStrategy [envvar cdi-cri] ignored", `deviceIDStrategy "index" ignored`} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("warnings %q lack %q", p.Warnings, want)
+		}
+	}
+	if p := computePlan(shared(2, func(c *dpconfig.Config) { c.DeviceListStrategy, c.DeviceIDStrategy = []string{"envvar"}, "uuid" }), twoGPUs(), nil); len(p.Warnings) != 0 {
+		t.Errorf("the defaults warn: %q", p.Warnings)
+	}
+}
+
 func TestComputePlanWarnings(t *testing.T) {
 	tests := []struct {
 		name    string

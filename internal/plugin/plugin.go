@@ -61,6 +61,13 @@ type Options struct {
 	// problem to be healthy again (default 1 min); HeldInterval how often
 	// the IDs in use are read (default 10 s).
 	HealthInterval, RecoveryInterval, HeldInterval time.Duration
+	// RestartGrace is how long after the kubelet restarts (kubelet.sock
+	// created again) a PodResources answer may add IDs in use but not drop
+	// any (default 2 min). A real kubelet (v1.37.1) answers PodResources
+	// right after a restart, before it has rebuilt its pod list: an ID
+	// dropped then would stop being advertised, and the pod holding it
+	// would fail re-admission.
+	RestartGrace time.Duration
 	// Registerer receives the plugin's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -80,9 +87,11 @@ type Plugin struct {
 	health   *healthTracker
 	readOnce bool   // the backend answered at least once
 	held     []held // from PodResources
-	recent   map[held]time.Time
-	plan     plan
-	warned   map[string]bool
+	// kubeletRestarted is when kubelet.sock was last created again.
+	kubeletRestarted time.Time
+	recent           map[held]time.Time
+	plan             plan
+	warned           map[string]bool
 	// heldFailing is set while the PodResources API does not answer, so
 	// that an outage is logged once.
 	heldFailing atomic.Bool
@@ -117,6 +126,9 @@ func New(o Options) (*Plugin, error) {
 	}
 	if o.RecoveryInterval == 0 {
 		o.RecoveryInterval = time.Minute
+	}
+	if o.RestartGrace <= 0 {
+		o.RestartGrace = 2 * time.Minute
 	}
 	if o.HeldInterval <= 0 {
 		o.HeldInterval = 10 * time.Second
@@ -186,6 +198,7 @@ loop:
 			if filepath.Clean(ev.Name) == filepath.Clean(p.o.KubeletSocket) && ev.Has(fsnotify.Create) {
 				p.log.Info("kubelet socket created: registering again", "socket", p.o.KubeletSocket)
 				p.mu.Lock()
+				p.kubeletRestarted = time.Now()
 				for _, s := range p.servers {
 					poke(s.kick)
 				}
@@ -291,6 +304,14 @@ var errNoPodResources = errors.New("no PodResources API configured")
 
 // setHeldLocked records a PodResources answer. p.mu is held.
 func (p *Plugin) setHeldLocked(ids []held, started time.Time) {
+	if !p.kubeletRestarted.IsZero() && started.Sub(p.kubeletRestarted) < p.o.RestartGrace {
+		// The kubelet may not know every pod yet: keep what it said before.
+		for _, h := range p.held {
+			if !slices.Contains(ids, h) {
+				ids = append(ids, h)
+			}
+		}
+	}
 	p.held = ids
 	for h, at := range p.recent {
 		// The kubelet records an allocation as soon as Allocate

@@ -267,7 +267,7 @@ func TestAllocate(t *testing.T) {
 	h.writeConfig(config(4, "    failRequestsGreaterThanOne: true\n"))
 	h.waitMetric("reloads", h.plugin.metrics.reloads, 2)
 	_, err = e.client.Allocate(t.Context(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{rid(uuid0, 0), rid(uuid1, 0)}}}})
-	if err == nil || !strings.Contains(err.Error(), "request for 'nvidia.com/gpu: 2' too large: maximum request size for shared resources is 1") {
+	if err == nil || !strings.Contains(err.Error(), "invalid request: maximum request size for shared resources is 1; found 2") {
 		t.Errorf("failRequestsGreaterThanOne: %v", err)
 	}
 	if _, err = e.client.Allocate(t.Context(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{rid(uuid1, 3)}}}}); err != nil {
@@ -374,6 +374,55 @@ func TestShrinkKeepsHeldReplicaUntilReleased(t *testing.T) {
 	h.pods.SetPods([]podresources.Allocation{
 		{Namespace: "ml", Pod: "infer", Container: "main", Resource: gpuRes, DeviceIDs: []string{rid(uuid1, 0)}},
 	})
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+}
+
+// A real kubelet answers PodResources right after a restart, before it has
+// rebuilt its pod list. An ID held above a lowered count must stay
+// advertised through that empty answer, and go once the kubelet, past the
+// grace, says it is free.
+func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
+	h := start(t, setup{config: config(4), gpus: twoSpecs(), pods: true})
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 4), ids(uuid1, 0, 4)))
+	h.pods.SetPods([]podresources.Allocation{
+		{Namespace: "ml", Pod: "train", Container: "main", Resource: gpuRes, DeviceIDs: []string{rid(uuid0, 3)}},
+	})
+	h.writeConfig(config(2))
+	draining := want(rid(uuid0, 0), rid(uuid0, 3), ids(uuid1, 0, 2))
+	h.kubelet.waitList(gpuRes, draining)
+
+	h.kubelet.restart()
+	h.kubelet.waitFor("registration #2", func() bool { return h.kubelet.registrationCount(gpuRes) == 2 })
+	h.pods.SetPods(nil) // the restarted kubelet's first answers
+	// One read of the IDs in use, as the held loop makes every 20 ms.
+	readHeld := func() []string {
+		t.Helper()
+		ids, started, err := h.plugin.listHeld()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.plugin.mu.Lock()
+		defer h.plugin.mu.Unlock()
+		h.plugin.setHeldLocked(ids, started)
+		h.plugin.recomputeLocked()
+		var out []string
+		for _, d := range h.plugin.plan.Resources[gpuRes] {
+			out = append(out, d.ID)
+		}
+		return out
+	}
+	if got := readHeld(); !slices.Contains(got, rid(uuid0, 3)) {
+		t.Fatalf("the held ID was dropped after the kubelet restart: %v", got)
+	}
+	h.kubelet.waitList(gpuRes, draining)
+
+	// Past the grace, the kubelet's word that it is free counts.
+	h.plugin.mu.Lock()
+	h.plugin.kubeletRestarted = time.Now().Add(-h.plugin.o.RestartGrace)
+	h.plugin.mu.Unlock()
+	if got := readHeld(); slices.Contains(got, rid(uuid0, 3)) {
+		t.Errorf("the released ID is still advertised past the grace: %v", got)
+	}
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
 }
 

@@ -62,14 +62,16 @@ func TestClosedLoop(t *testing.T) {
 	eventually(t, 30*time.Second, "Prometheus scraping the exporters", w.procs, func() string { return w.scraped(n1, n2) })
 
 	// Two small pods fill each node's two replicas; a third waits on
-	// gpu-node-1. Its trace: 6 GiB, a CUDA OOM 4 s after it starts, exit 1 s
-	// later (restartPolicy Never, like a batch job).
+	// gpu-node-1. Its trace: 30 GiB, a CUDA OOM 4 s after it starts, exit 1 s
+	// later (restartPolicy Never, like a batch job). 4 + 4 + 30 GiB leave
+	// less free than the 30 GiB pod (the tuner lowers only for an OOM on a
+	// full GPU) and stay under the 95% that would lower for pressure first.
 	small := map[string]string{fakekubelet.AnnotationMemory: "4Gi", fakekubelet.AnnotationSM: "0.2"}
 	for _, p := range []struct{ name, node string }{{"a1", n1.name}, {"a2", n1.name}, {"c1", n2.name}, {"c2", n2.name}} {
 		w.createPod(gpuPod(p.name, p.node, corev1.RestartPolicyAlways, small))
 	}
 	w.createPod(gpuPod("a3", n1.name, corev1.RestartPolicyNever, map[string]string{
-		fakekubelet.AnnotationMemory: "6Gi", fakekubelet.AnnotationSM: "0.4",
+		fakekubelet.AnnotationMemory: "30Gi", fakekubelet.AnnotationSM: "0.4",
 		fakekubelet.AnnotationOOMAfter: "4s", fakekubelet.AnnotationExitAfter: "5s"}))
 	for _, p := range []struct{ name, node string }{{"a1", n1.name}, {"a2", n1.name}, {"c1", n2.name}, {"c2", n2.name}} {
 		eventually(t, 30*time.Second, p.name+" running", w.procs, func() string { return w.running(p.name, p.node) })
@@ -106,6 +108,8 @@ apply:
   # Nothing here plays NVIDIA's config-manager, so the raise is never
   # verified; the long timeout keeps the node from being held meanwhile.
   verifyTimeout: 10m
+  # No ConfigMap volume to wait for (the default, 90 s, is the kubelet's).
+  propagationDelay: 2s
 %s`, n2.name, n2.exporter, nvidiaConfigNS, nvidiaConfigName, modeLabel, policy))
 	t.Logf("cluster, nodes, pods and tuners up after %v", time.Since(began).Round(time.Millisecond))
 
@@ -168,6 +172,8 @@ apply:
 	t.Run("config-manager: headroom raises and an OOM lowers the node's config label", func(t *testing.T) {
 		eventually(t, 90*time.Second, "the tuner raising gpu-node-2", w.procs, func() string { return w.labelIs(n2.name, "gpuslice-3") })
 		w.namedConfig(t, nvidiaConfigNS, nvidiaConfigName, "gpuslice-3", 3)
+		// c2 grows to 30 GiB and runs out: an OOM on a full GPU.
+		w.annotate(t, "c2", fakekubelet.AnnotationMemory, "30Gi")
 		w.annotate(t, "c2", fakekubelet.AnnotationOOMAfter, "0s")
 		eventually(t, 60*time.Second, "GPUSliceOOM firing for c2", w.procs, func() string {
 			_, msg := w.firing("GPUSliceOOM", map[string]string{"node": n2.name, "pod": "c2"})

@@ -73,8 +73,14 @@ func nvidiaPlugin(t *testing.T, simFile string, args ...string) (string, chan *p
 // returns its device lists as they come.
 func listAndWatch(t *testing.T, dir string, req *pluginapi.RegisterRequest) (pluginapi.DevicePluginClient, <-chan []*pluginapi.Device) {
 	t.Helper()
-	if req.ResourceName != "nvidia.com/gpu" || req.Version != pluginapi.Version {
-		t.Fatalf("registered %q version %q, want nvidia.com/gpu %s", req.ResourceName, req.Version, pluginapi.Version)
+	return listAndWatchAs(t, dir, req, "nvidia.com/gpu")
+}
+
+// listAndWatchAs is listAndWatch for a plugin registered under resource.
+func listAndWatchAs(t *testing.T, dir string, req *pluginapi.RegisterRequest, resource string) (pluginapi.DevicePluginClient, <-chan []*pluginapi.Device) {
+	t.Helper()
+	if req.ResourceName != resource || req.Version != pluginapi.Version {
+		t.Fatalf("registered %q version %q, want %s %s", req.ResourceName, req.Version, resource, pluginapi.Version)
 	}
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, req.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -142,8 +142,18 @@ type Apply struct {
 	// patches; in config-manager and plugin modes, the config of nodes
 	// without a label and the base every named config is derived from.
 	Key string `yaml:"key"`
-	// DaemonSet is the device plugin restarted in restart mode.
+	// DaemonSet is the device plugin restarted in restart mode. In
+	// config-manager mode it is optional: when set, the tuner restarts it
+	// after rewriting a named config that nodes already use (NVIDIA's
+	// config-manager acts on label changes only, so such a rewrite reaches
+	// no plugin by itself).
 	DaemonSet ObjectRef `yaml:"daemonSet"`
+	// PropagationDelay is, in config-manager mode, how long after a named
+	// config is written the tuner waits before pointing a node's label at
+	// it: config-manager reads the ConfigMap through a volume that the
+	// kubelet refreshes up to about a minute late, and exits on a label
+	// naming a key it cannot see yet.
+	PropagationDelay time.Duration `yaml:"propagationDelay"`
 	// NodeSelector limits the nodes the tuner manages (a label selector).
 	NodeSelector string `yaml:"nodeSelector"`
 	// ConfigPrefix names the configs the tuner keeps: <prefix><replicas>.
@@ -194,9 +204,10 @@ func Default() Config {
 			},
 		},
 		Apply: Apply{
-			ConfigPrefix:  "gpuslice-",
-			VerifyTimeout: 3 * time.Minute,
-			VerifyHold:    time.Hour,
+			ConfigPrefix:     "gpuslice-",
+			PropagationDelay: 90 * time.Second,
+			VerifyTimeout:    3 * time.Minute,
+			VerifyHold:       time.Hour,
 		},
 		Policy: policy.DefaultConfig(),
 	}
@@ -325,10 +336,14 @@ func (c Config) Validate() error {
 	if !configKey.MatchString(a.Key) {
 		bad("apply.key %q must be a ConfigMap key", a.Key)
 	}
-	if a.Mode == ModeRestart {
+	if a.PropagationDelay < 0 {
+		bad("apply.propagationDelay must be >= 0, got %s", a.PropagationDelay)
+	}
+	if a.Mode == ModeRestart || (a.Mode == ModeConfigManager && a.DaemonSet != (ObjectRef{})) {
 		name(bad, "apply.daemonSet.namespace", a.DaemonSet.Namespace)
 		name(bad, "apply.daemonSet.name", a.DaemonSet.Name)
-	} else {
+	}
+	if a.Mode != ModeRestart {
 		// Named configs are ConfigMap keys and node label values.
 		for _, n := range []int{c.Policy.MinReplicas, c.Policy.MaxReplicas} {
 			k := fmt.Sprintf("%s%d", a.ConfigPrefix, n)

@@ -117,6 +117,9 @@ signals:
 		{name: "bad policy value", doc: minimal + "policy: {minReplicas: 0}\n", errs: []string{"minReplicas must be >= 1"}},
 		{name: "unknown mode", doc: strings.Replace(minimal, "config-manager", "configmanager", 1), errs: []string{`apply.mode must be`, `"configmanager"`}},
 		{name: "restart needs a DaemonSet", doc: strings.Replace(minimal, "config-manager", "restart", 1), errs: []string{"apply.daemonSet.name is required"}},
+		{name: "config-manager may name a DaemonSet to restart for rewritten keys", doc: strings.Replace(minimal, "apply:", "apply:\n  daemonSet: {namespace: nvidia, name: ''}\n  propagationDelay: 2m", 1),
+			errs: []string{"apply.daemonSet.name is required"}},
+		{name: "negative propagation delay", doc: strings.Replace(minimal, "apply:", "apply:\n  propagationDelay: -1s", 1), errs: []string{"apply.propagationDelay must be >= 0"}},
 		{name: "key inside the tuner's prefix", doc: strings.Replace(minimal, "key: default", "key: gpuslice-4", 1), errs: []string{"must not start with apply.configPrefix"}},
 		{name: "bad source", doc: minimal + "signals: {source: dcgm}\n", errs: []string{"signals.source"}},
 		{name: "prometheus without url", doc: minimal + "signals: {source: prometheus}\n", errs: []string{"signals.prometheus.url"}},
@@ -167,7 +170,8 @@ func TestExampleFile(t *testing.T) {
 	if c.LeaderElection != d.LeaderElection {
 		t.Errorf("example leaderElection %+v differs from the defaults %+v", c.LeaderElection, d.LeaderElection)
 	}
-	if c.Apply.VerifyTimeout != d.Apply.VerifyTimeout || c.Apply.VerifyHold != d.Apply.VerifyHold || c.Apply.ConfigPrefix != d.Apply.ConfigPrefix {
+	if c.Apply.VerifyTimeout != d.Apply.VerifyTimeout || c.Apply.VerifyHold != d.Apply.VerifyHold || c.Apply.ConfigPrefix != d.Apply.ConfigPrefix ||
+		c.Apply.PropagationDelay != d.Apply.PropagationDelay {
 		t.Errorf("example apply %+v differs from the defaults", c.Apply)
 	}
 	data, err := os.ReadFile(path)

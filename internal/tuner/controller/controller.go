@@ -4,7 +4,11 @@
 // it, and then checks that the node's allocatable GPU resource followed.
 //
 // The decision stays a pure function (internal/tuner/policy); this package
-// only gathers, calls it and applies. Its rules for writing:
+// only gathers, calls it and applies. A round walks: round (gather the
+// signals and the selected nodes) → the mode's applier (applier.go,
+// configmanager.go, restart.go) → policy.Decide (trace.go) → gate (gate.go:
+// pure, state in, verdict out) → the write helpers (write.go). Its rules for
+// writing:
 //
 //   - Every write reads the object fresh, changes only the tuner's own keys,
 //     labels and annotations, carries the resourceVersion it read (a
@@ -43,6 +47,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -96,6 +101,10 @@ const (
 	ReasonConfigInvalid    = "ConfigInvalid"
 	ReasonConfigNotManaged = "ConfigNotManaged"
 	ReasonApplyFailed      = "ApplyFailed"
+	// ReasonConfigRewritten: a named config a node uses was rewritten and
+	// nothing will restart its plugin (config-manager mode without
+	// apply.daemonSet).
+	ReasonConfigRewritten = "ConfigRewritten"
 	// ReasonAwaitingVerify is recorded in the node's annotation, not as an
 	// Event: a raise waits while the last change is not verified, so two
 	// raises are never stacked blindly. Lowering does not wait.
@@ -140,6 +149,9 @@ type Controller struct {
 	id      string
 	m       *metrics
 	nodeSel labels.Selector
+	// sem is how the cluster's plugin reads a config; applier writes.
+	sem     semantics
+	applier applier
 
 	informers informers.SharedInformerFactory
 	nodes     listersv1.NodeLister
@@ -181,6 +193,8 @@ func New(o Options) (*Controller, error) {
 		c.bcast = record.NewBroadcaster()
 		c.rec = c.bcast.NewRecorder(scheme.Scheme, corev1.EventSource{Component: FieldManager})
 	}
+	c.sem = semantics{nvidia: o.Config.Apply.Mode != config.ModePlugin}
+	c.applier = newApplier(c)
 	c.m = newMetrics(o.Registerer)
 	c.informers = informers.NewSharedInformerFactory(o.Client, 0)
 	c.nodes = c.informers.Core().V1().Nodes().Lister()
@@ -335,7 +349,8 @@ type work struct {
 	record *Record
 }
 
-// round decides and applies once for every node that has signals.
+// round gathers, then hands the nodes with signals to the mode's applier,
+// which decides and writes.
 func (c *Controller) round(ctx context.Context) error {
 	now := c.now()
 	obs, err := c.source.Observe(ctx, now, c.cfg.Policy.Window)
@@ -347,11 +362,14 @@ func (c *Controller) round(ctx context.Context) error {
 		return err
 	}
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
-	var ws []*work
+	var r roundInput
 	seen := map[string]bool{}
 	for _, n := range nodes {
 		gpus := obs[n.Name]
 		if len(gpus) == 0 {
+			if hasGPUs(n) {
+				r.unsignalled = append(r.unsignalled, n.Name)
+			}
 			continue
 		}
 		st := c.state[n.Name]
@@ -360,7 +378,7 @@ func (c *Controller) round(ctx context.Context) error {
 			c.state[n.Name] = st
 		}
 		seen[n.Name] = true
-		ws = append(ws, &work{node: n, gpus: gpus, st: st, record: readRecord(n.Annotations[AnnotationLastDecision])})
+		r.ws = append(r.ws, &work{node: n, gpus: gpus, st: st, record: readRecord(n.Annotations[AnnotationLastDecision])})
 	}
 	for name, st := range c.state {
 		if !seen[name] {
@@ -368,8 +386,17 @@ func (c *Controller) round(ctx context.Context) error {
 			delete(c.state, name)
 		}
 	}
-	if c.cfg.Apply.Mode == config.ModeRestart {
-		return c.roundRestart(ctx, now, ws)
+	return c.applier.apply(ctx, now, r)
+}
+
+// hasGPUs says whether a node has NVIDIA GPUs under a device plugin: any
+// nvidia.com/ resource in its capacity (kept when the plugin stops, unlike
+// allocatable).
+func hasGPUs(n *corev1.Node) bool {
+	for name, q := range n.Status.Capacity {
+		if strings.HasPrefix(string(name), "nvidia.com/") && !q.IsZero() {
+			return true
+		}
 	}
-	return c.roundPerNode(ctx, now, ws)
+	return false
 }

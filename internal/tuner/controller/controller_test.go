@@ -34,6 +34,7 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("verify failure holds the node", func(t *testing.T) { testVerifyFailure(t, env) })
 	t.Run("leader killed mid-run, one change", func(t *testing.T) { testLeaderHandover(t, env) })
 	t.Run("RBAC manifest is enough and no more", func(t *testing.T) { testRBAC(t, env) })
+	t.Run("NVIDIA's config-manager", func(t *testing.T) { testNVIDIAConfigManager(t, env) })
 }
 
 // pluginReads resolves a node's config the way gpuslice-plugin's
@@ -54,7 +55,9 @@ func pluginReads(h *harness, node string) (key, data string) {
 
 func testPerNodeMode(t *testing.T, env *testenv.Env, mode, prefix string) {
 	spans := tracetest.NewSpanRecorder()
-	h := newHarness(t, env, testConfig(mode, prefix+"-ns"), nil, func(o *Options) {
+	cfg := testConfig(mode, prefix+"-ns")
+	cfg.Apply.PropagationDelay = config.Default().Apply.PropagationDelay
+	h := newHarness(t, env, cfg, nil, func(o *Options) {
 		o.Tracer = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)).Tracer("test")
 	})
 	h.namespace()
@@ -67,6 +70,15 @@ func testPerNodeMode(t *testing.T, env *testenv.Env, mode, prefix string) {
 	h.src.set(busy, signal{gpus: 1, used: 20 * gib, peak: 10 * gib, allocated: 3}) // a replica free: hold
 
 	h.round()
+	if mode == config.ModeConfigManager {
+		// The keys were just written: config-manager cannot see them
+		// before the kubelet refreshes its ConfigMap volume.
+		if r := h.record(node); r.Reason != ReasonAwaitingPropagation || r.Replicas != 4 || h.getNode(node).Labels[ConfigLabel] != "" {
+			t.Errorf("first round: last decision %+v, label %q; want an AwaitingPropagation hold at 4, no label", r, h.getNode(node).Labels[ConfigLabel])
+		}
+		h.advance(h.c.cfg.Apply.PropagationDelay)
+		h.round()
+	}
 
 	cm := h.getConfigMap()
 	if cm.Data["default"] != baseConfig || cm.Data["other"] != other {
@@ -208,14 +220,17 @@ func testPerNodeMode(t *testing.T, env *testenv.Env, mode, prefix string) {
 }
 
 func testRestartMode(t *testing.T, env *testenv.Env) {
-	h := newHarness(t, env, testConfig(config.ModeRestart, "rs-ns"), nil)
+	cfg := testConfig(config.ModeRestart, "rs-ns")
+	cfg.Apply.NodeSelector = "scenario=restart" // the other scenarios' nodes share the API server
+	h := newHarness(t, env, cfg, nil)
 	h.namespace()
 	base := strings.Replace(baseConfig, "replicas: 4", "replicas: 2", 1)
 	other := "version: v1\n"
 	h.configMap(map[string]string{"default": base, "other": other})
 	h.daemonSet()
-	h.node("rs-a", nil, 2)
-	h.node("rs-b", nil, 4)
+	mine := map[string]string{"scenario": "restart"}
+	h.node("rs-a", mine, 2)
+	h.node("rs-b", mine, 4)
 	h.src.set("rs-a", headroom(1))
 	h.src.set("rs-b", headroom(2))
 
@@ -252,10 +267,7 @@ func testRestartMode(t *testing.T, env *testenv.Env) {
 	t.Run("one node's OOM lowers the cluster", func(t *testing.T) {
 		dsRV := h.getDaemonSet().ResourceVersion
 		h.advance(10 * time.Second)
-		s := headroom(2)
-		s.allocated = 3
-		s.oomAt = h.now.Add(-5 * time.Second)
-		h.src.set("rs-b", s)
+		h.src.set("rs-b", oomed(2, 3, h.now.Add(-5*time.Second)))
 		h.round()
 		if got := replicasOf(t, h.getConfigMap().Data["default"]); got != 2 {
 			t.Errorf("key has %d replicas, want 2", got)
@@ -282,6 +294,53 @@ func testRestartMode(t *testing.T, env *testenv.Env) {
 		h.round()
 		if got, want := h.getDaemonSet().Spec.Template.Annotations[AnnotationRestartedAt], h.getConfigMap().Annotations[AnnotationLastChange]; got != want {
 			t.Errorf("restartedAt %q, want the last change %q", got, want)
+		}
+	})
+
+	t.Run("exclusive and back keeps the user's sharing settings", func(t *testing.T) {
+		const shared = `# the admin's sharing settings
+version: v1
+sharing:
+  timeSlicing:
+    failRequestsGreaterThanOne: true
+    resources:
+      - name: nvidia.com/gpu
+        devices: all
+        replicas: 2
+`
+		cm := h.getConfigMap()
+		cm.Data["default"] = shared
+		if _, err := env.Client.CoreV1().ConfigMaps(h.ns).Update(h.ctx, cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(10 * time.Second)
+		h.src.set("rs-b", oomed(2, 2, h.now.Add(-5*time.Second)))
+		h.round()
+		if got := h.getConfigMap().Data["default"]; strings.Contains(got, "timeSlicing") {
+			t.Fatalf("after an OOM with 2 allocated the key still shares:\n%s\nrs-b: %+v", got, h.record("rs-b"))
+		}
+		h.advance(10 * time.Second)
+		h.setAllocatable("rs-a", "nvidia.com/gpu", 1)
+		h.setAllocatable("rs-b", "nvidia.com/gpu", 2)
+		h.round() // verified
+
+		h.advance(11 * time.Minute) // past the cooldown, the OOM out of the window
+		h.src.set("rs-b", headroom(2))
+		h.node("rs-c", mine, 2) // a GPU node whose exporter is down
+		h.round()
+		if r := h.record("rs-a"); r.Reason != ReasonNodesWithoutSignals || r.Replicas != 1 || !strings.Contains(r.Message, "rs-c") {
+			t.Errorf("with rs-c silent: last decision %+v, want a NodesWithoutSignals hold at 1 naming rs-c", r)
+		}
+		if err := env.Client.CoreV1().Nodes().Delete(h.ctx, "rs-c", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(10 * time.Second)
+		h.round()
+		if got := h.getConfigMap().Data["default"]; got != shared {
+			t.Errorf("4 -> 1 -> 2 lost the sharing settings:\n%s\nwant:\n%s", got, shared)
+		}
+		if _, ok := h.getConfigMap().Annotations[AnnotationSharedConfig]; ok {
+			t.Errorf("%s left behind after the raise", AnnotationSharedConfig)
 		}
 	})
 }
@@ -422,12 +481,13 @@ func testDryRun(t *testing.T, env *testenv.Env) {
 		t.Run(mode, func(t *testing.T) {
 			cfg := testConfig(mode, "dry-"+mode)
 			cfg.DryRun = true
+			cfg.Apply.NodeSelector = "scenario=dry-" + mode // the other scenarios' silent nodes would hold a restart-mode raise
 			h := newHarness(t, env, cfg, nil)
 			h.namespace()
 			cm := h.configMap(map[string]string{"default": baseConfig})
 			ds := h.daemonSet()
 			node := "dry-" + mode + "-node"
-			h.node(node, nil, 4)
+			h.node(node, map[string]string{"scenario": "dry-" + mode}, 4)
 			n := h.getNode(node)
 			h.src.set(node, headroom(1))
 			for range 3 {
@@ -454,8 +514,11 @@ func testDryRun(t *testing.T, env *testenv.Env) {
 			if got := testutil.ToFloat64(m.replicas.WithLabelValues(node, "nvidia.com/gpu")); got != 4 {
 				t.Errorf("replicas = %v, want 4", got)
 			}
-			if got := testutil.CollectAndCount(m.changes); got != 0 {
-				t.Errorf("%d changes counted in a dry run", got)
+			// The counters exist at 0 from the first round (issue 16).
+			for _, dir := range []string{policy.DirectionUp, policy.DirectionDown} {
+				if got := testutil.ToFloat64(m.changes.WithLabelValues(node, "nvidia.com/gpu", dir)); got != 0 {
+					t.Errorf("%v changes %s counted in a dry run", got, dir)
+				}
 			}
 		})
 	}

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
@@ -49,7 +50,8 @@ type signal struct {
 	used, peak uint64
 	allocated  int
 	advertised int
-	// oomAt puts one OOM event on GPU 0 in the sample at that time.
+	// oomAt puts one full-device OOM event on GPU 0 in the sample at that
+	// time.
 	oomAt time.Time
 }
 
@@ -81,7 +83,9 @@ func (f *fakeSource) Observe(_ context.Context, now time.Time, window time.Durat
 				smp := policy.Sample{Time: t, MemoryTotalBytes: 48 * gib, MemoryUsedBytes: s.used,
 					ContainerPeaks: map[string]uint64{"ml/a/main": s.peak}, ReplicasAdvertised: s.advertised, ReplicasAllocated: s.allocated}
 				if g == 0 && !s.oomAt.IsZero() && !t.Before(s.oomAt) && t.Before(s.oomAt.Add(f.interval)) {
-					smp.OOMEvents = 1
+					// The exporter says the GPU was full (the fake's used
+					// memory is the level between OOMs).
+					smp.OOMEvents, smp.OOMs = 1, []policy.OOM{{Container: "ml/a/main", Kind: policy.OOMDevice}}
 				}
 				obs.Samples = append(obs.Samples, smp)
 			}
@@ -97,6 +101,14 @@ func headroom(gpus int) signal {
 	return signal{gpus: gpus, used: 12 * gib, peak: 6 * gib, allocated: 8}
 }
 
+// oomed is a node with headroom, allocated replicas taken and a
+// full-device OOM at the given time.
+func oomed(gpus, allocated int, at time.Time) signal {
+	s := headroom(gpus)
+	s.allocated, s.oomAt = allocated, at
+	return s
+}
+
 func testConfig(mode, ns string) config.Config {
 	c := config.Default()
 	c.Apply.Mode = mode
@@ -104,6 +116,9 @@ func testConfig(mode, ns string) config.Config {
 	c.Apply.Key = "default"
 	c.Apply.DaemonSet = config.ObjectRef{Namespace: ns, Name: "nvidia-device-plugin"}
 	c.Apply.VerifyTimeout = time.Minute
+	// Scenarios move labels in the round that writes the keys; the
+	// config-manager scenario sets the delay it tests.
+	c.Apply.PropagationDelay = 0
 	c.Apply.VerifyHold = time.Hour
 	c.LeaderElection.Namespace = ns
 	c.Policy = policy.Config{MinReplicas: 1, MaxReplicas: 8, MaxStepUp: 1, Window: time.Minute, Cooldown: 10 * time.Minute,
@@ -178,6 +193,9 @@ func (h *harness) synced() {
 			if err != nil || cached.ResourceVersion != n.ResourceVersion {
 				return "informer behind on node " + n.Name
 			}
+		}
+		if cached, _ := h.c.nodes.List(labels.Everything()); len(cached) != len(nodes.Items) {
+			return "informer still has a deleted node"
 		}
 		return ""
 	})

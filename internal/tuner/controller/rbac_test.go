@@ -77,7 +77,7 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 		ObjectMeta: metav1.ObjectMeta{Name: cmName, Namespace: pluginNS}, Data: map[string]string{"default": baseConfig}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	admin.node("rbac-node", nil, 4)
+	admin.node("rbac-node", map[string]string{"scenario": "rbac"}, 4)
 
 	t.Run("exporter discovery", func(t *testing.T) {
 		ecfg := config.Default().Signals.Exporters
@@ -159,6 +159,7 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 	t.Run("restart", func(t *testing.T) {
 		cfg := testConfig(config.ModeRestart, pluginNS)
 		cfg.Apply.ConfigMap.Name = cmName
+		cfg.Apply.NodeSelector = "scenario=rbac" // the other scenarios' silent nodes would hold the raise
 		h := newHarness(t, env, cfg, sa)
 		h.daemonSet()
 		h.src.set("rbac-node", headroom(1))

@@ -6,23 +6,40 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 
 	"github.com/gpuslice/gpuslice/internal/dpconfig"
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 )
 
-// Restart mode: one key (apply.key) configures every node, so the cluster
-// gets one count, the smallest of the nodes' decisions. A node that must
-// lower lowers everyone; a raise needs every node to agree. The key and
-// the ConfigMap's gpuslice.io/last-change annotation are written in one
-// update; then the DaemonSet's pod template gets kubectl's restartedAt
+// AnnotationSharedConfig is, on the ConfigMap in restart mode, the key's
+// text before the tuner made the GPUs exclusive (1 replica removes
+// sharing.timeSlicing with its renameByDefault, failRequestsGreaterThanOne
+// and devices); a raise from 1 starts from it, so the user's sharing
+// settings come back.
+const AnnotationSharedConfig = "gpuslice.io/shared-config"
+
+// restartApplier is restart mode: one key (apply.key) configures every
+// node, so the cluster gets one count, the smallest of the nodes'
+// decisions. A node that must lower lowers everyone; a raise needs every
+// node to agree, and waits while a selected GPU node shows no signals. The
+// key and the ConfigMap's gpuslice.io/last-change annotation are written in
+// one update; then the DaemonSet's pod template gets kubectl's restartedAt
 // annotation with the same time. A restart that failed (or that a previous
 // leader did not get to) is owed while restartedAt is older than
 // last-change, and is retried every round.
+type restartApplier struct{ c *Controller }
 
-func (c *Controller) roundRestart(ctx context.Context, now time.Time, ws []*work) error {
+// decided is one node's decision in a restart round.
+type decided struct {
+	w    *work
+	d    policy.Decision
+	span trace.Span
+}
+
+func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) error {
+	c := a.c
 	ref := c.cfg.Apply.ConfigMap
 	cm, err := c.client.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
@@ -30,47 +47,41 @@ func (c *Controller) roundRestart(ctx context.Context, now time.Time, ws []*work
 	}
 	f, err := c.baseFile(cm)
 	if err != nil {
-		for _, w := range ws {
+		for _, w := range r.ws {
 			c.refuseInvalid(ctx, now, w, err)
 		}
 		return nil
 	}
 	cur, curCfg := f.Replicas(), f.Config()
-	var lastChange time.Time
-	if s := cm.Annotations[AnnotationLastChange]; s != "" {
-		if lastChange, err = time.Parse(time.RFC3339, s); err != nil {
-			c.log.Warn("unreadable annotation, cooldown starts from zero", "configmap", ref.String(), "annotation", AnnotationLastChange, "value", s)
-		}
+	lastChange := annotationTime(cm.Annotations, AnnotationLastChange)
+	if s := cm.Annotations[AnnotationLastChange]; s != "" && lastChange.IsZero() {
+		c.log.Warn("unreadable annotation, cooldown starts from zero", "configmap", ref.String(), "annotation", AnnotationLastChange, "value", s)
 	}
 	if !lastChange.IsZero() && !c.cfg.DryRun {
-		if err := c.restartIfOwed(ctx, lastChange); err != nil {
+		if err := a.restartIfOwed(ctx, lastChange); err != nil {
 			c.log.Error("restarting the device plugin DaemonSet failed; retrying next round", "daemonset", c.cfg.Apply.DaemonSet.String(), "err", err)
 		}
 	}
+	floor := c.sem.floor(sharedConfig(cm, f).Config())
 
-	type decided struct {
-		w    *work
-		d    policy.Decision
-		span trace.Span
-	}
 	var ds []decided
 	defer func() {
 		for _, x := range ds {
 			x.span.End()
 		}
 	}()
-	var setter *decided
-	for _, w := range ws {
+	for _, w := range r.ws {
 		c.m.configInvalid.WithLabelValues(w.node.Name).Set(0)
 		c.adopt(w, now, cur, curCfg)
 		c.checkVerify(w, now, cur)
-		d, span := c.decide(ctx, w, cur, lastChange, now)
-		c.m.setReplicas(w.st, w.node.Name, resourceOf(curCfg), cur, d.Replicas)
+		d, span := c.decide(ctx, w, cur, lastChange, now, floor)
+		c.m.setReplicas(w.st, w.node.Name, c.sem.resource(curCfg), cur, d.Replicas)
 		if !lastChange.IsZero() {
 			c.m.lastChange.WithLabelValues(w.node.Name).Set(float64(lastChange.Unix()))
 		}
 		ds = append(ds, decided{w, d, span})
 	}
+	var setter *decided
 	for i := range ds {
 		if setter == nil || ds[i].d.Replicas < setter.d.Replicas {
 			setter = &ds[i]
@@ -82,31 +93,29 @@ func (c *Controller) roundRestart(ctx context.Context, now time.Time, ws []*work
 		}
 		return nil
 	}
-	target := setter.d.Replicas
 	d := setter.d
 	d.Message = "node " + setter.w.node.Name + ": " + d.Message + " (every node shares one config; the smallest decision wins)"
+	in := gateInput{now: now, current: cur, decision: d, unsignalled: r.unsignalled}
 	for _, x := range ds {
-		if p := x.w.st.pending; p != nil && d.Direction == policy.DirectionUp {
-			for _, y := range ds {
-				c.annotate(ctx, y.w, Record{Time: now, Replicas: cur, Recommended: y.d.Replicas, Reason: ReasonAwaitingVerify,
-					Message: fmt.Sprintf("cluster-wide raise %d -> %d waits until node %s advertises %s", cur, target, x.w.node.Name, p)}, lastChange)
-			}
-			return nil
+		if p := x.w.st.pending; p != nil && in.pending == "" {
+			in.pending = fmt.Sprintf("node %s advertises %s", x.w.node.Name, p)
 		}
-		if h := x.w.st.held; h != nil {
-			for _, y := range ds {
-				c.refuse(ctx, now, y.w, cur, d, lastChange, ReasonChangeHeld,
-					"cluster-wide %s %d -> %d (%s) held: node %s: %s", verb(d), cur, target, d.Reason, x.w.node.Name, h.why)
-			}
-			return nil
+		if h := x.w.st.held; h != nil && in.held == "" {
+			in.held = "node " + x.w.node.Name + ": " + h.why
 		}
+	}
+	if v := gate(in); !v.apply {
+		for _, x := range ds {
+			c.record(ctx, now, x.w, cur, d, v, lastChange)
+		}
+		return nil
 	}
 
 	stamp := now.UTC().Format(time.RFC3339)
 	where := fmt.Sprintf("ConfigMap %s key %q, DaemonSet %s restarted", ref, c.cfg.Apply.Key, c.cfg.Apply.DaemonSet)
-	newFile, err := c.writeKey(ctx, cur, target, stamp)
+	newFile, err := a.writeKey(ctx, cur, d.Replicas, stamp)
 	if err == nil && !c.cfg.DryRun {
-		if rerr := c.restart(ctx, stamp); rerr != nil {
+		if rerr := c.restartDaemonSet(ctx, stamp); rerr != nil {
 			err = fmt.Errorf("the key is written, the restart failed (retried next round): %w", rerr)
 		}
 	}
@@ -120,54 +129,73 @@ func (c *Controller) roundRestart(ctx context.Context, now time.Time, ws []*work
 	}
 	newCfg := newFile.Config()
 	for _, x := range ds {
-		c.changed(x.w, x.span, d, cur, resourceOf(newCfg), where, now)
+		c.changed(x.w, x.span, d, cur, c.sem.resource(newCfg), where, now)
 		if c.cfg.DryRun {
 			continue
 		}
-		c.expect(x.w, newCfg, target, now.Add(c.cfg.Apply.VerifyTimeout))
-		c.annotate(ctx, x.w, Record{Time: now, Replicas: target, Recommended: x.d.Replicas, Direction: d.Direction, Reason: d.Reason, Message: d.Message}, now)
+		c.expect(x.w, newCfg, d.Replicas, now.Add(c.cfg.Apply.VerifyTimeout))
+		c.annotate(ctx, x.w, Record{Time: now, Replicas: d.Replicas, Recommended: x.d.Replicas, Direction: d.Direction, Reason: d.Reason, Message: d.Message}, now)
 	}
 	return nil
+}
+
+// sharedConfig is the config sharing looks like on this cluster: the key
+// itself, or, while it is at 1 replica, the text saved before the tuner
+// made it so, when the key has not been edited since.
+func sharedConfig(cm *corev1.ConfigMap, f *dpconfig.File) *dpconfig.File {
+	saved := cm.Annotations[AnnotationSharedConfig]
+	if f.Replicas() != 1 || saved == "" {
+		return f
+	}
+	sf, err := dpconfig.Parse([]byte(saved))
+	if err != nil {
+		return f
+	}
+	probe, _ := dpconfig.Parse([]byte(saved))
+	if _, err := probe.SetReplicas(1); err != nil {
+		return f
+	}
+	one, _ := probe.Marshal()
+	if cur, _ := f.Marshal(); string(one) != string(cur) {
+		return f // edited since: the edit wins
+	}
+	return sf
 }
 
 // writeKey sets the key's replicas from → to, with the last-change
 // annotation, and returns the config written (in a dry run, the config that
 // would be). It never writes over a config that does not parse, and gives
-// up with ErrStale when the key no longer holds from replicas.
-func (c *Controller) writeKey(ctx context.Context, from, to int, stamp string) (*dpconfig.File, error) {
-	ref := c.cfg.Apply.ConfigMap
+// up with ErrStale when the key no longer holds from replicas. Lowering to
+// 1 saves the key's text; raising from 1 starts from it.
+func (a restartApplier) writeKey(ctx context.Context, from, to int, stamp string) (*dpconfig.File, error) {
+	c := a.c
 	var out *dpconfig.File
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		cm, err := c.client.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	_, err := c.updateConfigMap(ctx, func(cm *corev1.ConfigMap) error {
 		f, err := c.baseFile(cm)
 		if err != nil {
 			return err
 		}
 		if got := f.Replicas(); got != from {
-			return fmt.Errorf("%w: ConfigMap %s key %q has %d replicas, the decision saw %d", ErrStale, ref, c.cfg.Apply.Key, got, from)
+			return fmt.Errorf("%w: ConfigMap %s key %q has %d replicas, the decision saw %d", ErrStale, c.cfg.Apply.ConfigMap, c.cfg.Apply.Key, got, from)
 		}
-		if _, err := f.SetReplicas(to); err != nil {
+		src := sharedConfig(cm, f)
+		switch {
+		case to == 1:
+			cm.Annotations[AnnotationSharedConfig] = cm.Data[c.cfg.Apply.Key]
+		default:
+			delete(cm.Annotations, AnnotationSharedConfig)
+		}
+		if _, err := src.SetReplicas(to); err != nil {
 			return err
 		}
-		data, err := f.Marshal()
+		data, err := src.Marshal()
 		if err != nil {
 			return err
 		}
-		out = f
-		if c.cfg.DryRun {
-			return nil
-		}
-		cm = cm.DeepCopy()
+		out = src
 		cm.Data[c.cfg.Apply.Key] = string(data)
-		if cm.Annotations == nil {
-			cm.Annotations = map[string]string{}
-		}
 		cm.Annotations[AnnotationLastChange] = stamp
-		_, err = c.client.CoreV1().ConfigMaps(ref.Namespace).Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
-		return err
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -175,33 +203,10 @@ func (c *Controller) writeKey(ctx context.Context, from, to int, stamp string) (
 	return out, nil
 }
 
-// restart does what `kubectl rollout restart` does to the DaemonSet.
-func (c *Controller) restart(ctx context.Context, stamp string) error {
-	ref := c.cfg.Apply.DaemonSet
-	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		ds, err := c.client.AppsV1().DaemonSets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if ds.Spec.Template.Annotations[AnnotationRestartedAt] == stamp {
-			return nil
-		}
-		ds = ds.DeepCopy()
-		if ds.Spec.Template.Annotations == nil {
-			ds.Spec.Template.Annotations = map[string]string{}
-		}
-		ds.Spec.Template.Annotations[AnnotationRestartedAt] = stamp
-		_, err = c.client.AppsV1().DaemonSets(ref.Namespace).Update(ctx, ds, metav1.UpdateOptions{FieldManager: FieldManager})
-		if err == nil {
-			c.log.Info("device plugin DaemonSet restarted", "daemonset", ref.String(), "restartedAt", stamp)
-		}
-		return err
-	})
-}
-
 // restartIfOwed restarts the DaemonSet when its pods predate the last
 // change of the key.
-func (c *Controller) restartIfOwed(ctx context.Context, lastChange time.Time) error {
+func (a restartApplier) restartIfOwed(ctx context.Context, lastChange time.Time) error {
+	c := a.c
 	ref := c.cfg.Apply.DaemonSet
 	ds, err := c.client.AppsV1().DaemonSets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
@@ -212,5 +217,5 @@ func (c *Controller) restartIfOwed(ctx context.Context, lastChange time.Time) er
 	}
 	c.log.Warn("the device plugin has not been restarted since the key last changed; restarting it", "daemonset", ref.String(),
 		"lastChange", lastChange.UTC().Format(time.RFC3339))
-	return c.restart(ctx, lastChange.UTC().Format(time.RFC3339))
+	return c.restartDaemonSet(ctx, lastChange.UTC().Format(time.RFC3339))
 }

@@ -99,38 +99,6 @@ type hold struct {
 	why         string
 }
 
-// expectedAllocatable is what a node with gpus physical GPUs advertises
-// under the config: each time-sliced GPU counts its replicas, under the
-// advertised (possibly renamed) name; GPUs left out of a time-slicing
-// resource's device selection stay whole under nvidia.com/gpu.
-func expectedAllocatable(c dpconfig.Config, gpus int) (resource string, count int64) {
-	for _, r := range c.Resources {
-		if r.Name != dpconfig.GPUResource {
-			continue
-		}
-		k := gpus
-		switch {
-		case r.Devices.Count > 0:
-			k = min(r.Devices.Count, gpus)
-		case len(r.Devices.List) > 0:
-			k = min(len(r.Devices.List), gpus)
-		}
-		name := c.AdvertisedName(r)
-		count = int64(k * r.Replicas)
-		if name == dpconfig.GPUResource {
-			count += int64(gpus - k)
-		}
-		return name, count
-	}
-	return dpconfig.GPUResource, int64(gpus)
-}
-
-// resourceOf is the resource a config advertises the node's GPUs under.
-func resourceOf(c dpconfig.Config) string {
-	r, _ := expectedAllocatable(c, 0)
-	return r
-}
-
 func allocatable(n *corev1.Node, resource string) int64 {
 	q, ok := n.Status.Allocatable[corev1.ResourceName(resource)]
 	if !ok {
@@ -224,7 +192,7 @@ func (c *Controller) checkVerify(w *work, now time.Time, cur int) {
 // expect starts waiting for the node's allocatable to follow a change.
 func (c *Controller) expect(w *work, cfg dpconfig.Config, replicas int, deadline time.Time) {
 	current := currentGPUs(w.gpus, c.cfg.Policy.SampleInterval)
-	res, want := expectedAllocatable(cfg, len(current))
+	res, want := c.sem.expected(cfg, len(current))
 	var draining int64
 	for _, g := range current {
 		draining += int64(max(0, g.Samples[len(g.Samples)-1].ReplicasAllocated-replicas))

@@ -16,7 +16,8 @@ const SpanDecide = "gpuslice.tuner.decide"
 // decide runs the policy for one node inside a span carrying its inputs
 // and its answer. The caller ends the span once the decision is applied
 // (or refused), adding what happened.
-func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, now time.Time) (policy.Decision, trace.Span) {
+// floor is the least count the node's config can take (semantics.floor).
+func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, now time.Time, floor int) (policy.Decision, trace.Span) {
 	_, span := c.tracer.Start(ctx, SpanDecide, trace.WithAttributes(
 		attribute.String("k8s.node.name", w.node.Name),
 		attribute.Int("gpuslice.replicas.current", cur),
@@ -27,7 +28,7 @@ func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, n
 		span.SetAttributes(inputAttributes(w.gpus, lastChange, now.Add(-c.cfg.Policy.Window))...)
 	}
 	d := policy.Decide(c.cfg.Policy, policy.Observation{
-		Node: w.node.Name, Now: now, CurrentReplicas: cur, LastChange: lastChange, GPUs: w.gpus,
+		Node: w.node.Name, Now: now, CurrentReplicas: cur, LastChange: lastChange, GPUs: w.gpus, Floor: floor,
 	})
 	span.SetAttributes(
 		attribute.Int("gpuslice.replicas.decided", d.Replicas),

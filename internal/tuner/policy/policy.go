@@ -29,14 +29,24 @@
 // use and more than doubled the time pods waited.)
 //
 // Lowering, at once:
-//   - GPU OOM. Any OOM event in the window proves that the pods holding
-//     replicas at that moment did not fit together, so the target is one less
-//     than the allocated count at the OOM (the current count when the
-//     allocation is unknown), never above the current count, and the smallest
-//     such target over the window's OOMs. Because it is tied to the
-//     allocation at the OOM and not to the current count, the same crashing
-//     mix repeating every few seconds does not ratchet the count down; a new
-//     OOM at a smaller mix lowers further.
+//   - GPU OOM. An OOM lowers only when sharing caused it: the GPU was full
+//     (the OOM says so, Kind OOMDevice, or, when it does not say, the
+//     memory in use at the OOM or the sample before it left less free than
+//     the largest footprint F) and at least two pods held replicas. An OOM
+//     raised by a per-process cap (Kind OOMCap, PyTorch's
+//     set_per_process_memory_fraction) is the application's own limit, an
+//     NVENC session failure (OOMEncoderSession) is no memory at all, and a
+//     lone pod's OOM, or one with 3 of 48 GiB in use, would happen at any
+//     count: none of them lowers or holds a raise back. A sharing OOM with A
+//     pods holding replicas proves that A did not fit; the target is the
+//     count the measured footprints fit, the largest k whose k hungriest
+//     container peaks sum to at most TargetUtilization × total, but never
+//     above A − 1 (the OOM's own evidence) nor above the current count (the
+//     current count stands for A when the allocation is unknown). The
+//     smallest target over the window's OOMs wins. Because the target is
+//     tied to the allocation at the OOM and not to the current count, a pod
+//     crash-looping on the same mix is one incident: it lowers once and does
+//     not ratchet the count down; a new OOM at a smaller mix lowers further.
 //   - Memory pressure. Used/total at or above PressureThreshold in every
 //     sample of the last PressureWindow says the pods holding replicas now
 //     fill the GPU too far: the target is one less than the latest allocated
@@ -48,15 +58,30 @@
 //   - Above MaxReplicas: lowered to MaxReplicas.
 //
 // Raising, by at most MaxStepUp and never past MaxReplicas or the capacity,
-// only when all of these hold: no OOM in the window; the samples cover the
-// whole window; Cooldown has passed since the last change; the latest sample
-// advertises the current count (the last change has taken effect); and every
-// replica is allocated in the latest sample. The last condition is the only
-// sign of demand the signals carry (pods wait only when every replica is
-// taken): a raise into free replicas helps nobody now and bets on later
-// memory with today's numbers. On the seed trace, raising into free replicas
-// carried a quiet night's 8 replicas into the day and cost 18 OOM events
-// instead of 3. Below MinReplicas the count is raised to MinReplicas at once.
+// only when all of these hold: no sharing OOM in the window; the samples
+// cover the whole window; Cooldown has passed since the last change; the
+// latest sample advertises the current count (the last change has taken
+// effect); and a pod needs a replica: every replica is allocated in the
+// latest sample, or a pending pod asks for more replicas than are free
+// (Observation.PendingRequest). Without demand a raise into free replicas
+// helps nobody now and bets on later memory with today's numbers: on the
+// seed trace, raising into free replicas carried a quiet night's 8 replicas
+// into the day and cost 18 OOM events instead of 3. Below the minimum the
+// count is raised to it at once.
+//
+// The footprint F that prices a raise is the node's, the largest container
+// peak on any of its GPUs: a new replica may go to any pod, and the pod a
+// GPU has not seen yet is the one that overflows it.
+//
+// GPUs the config leaves out of time-slicing (GPUObservation.Exclusive) are
+// not judged: their count does not follow the node's, so they never wait
+// for it to be advertised, and an OOM there says nothing about sharing.
+// Their containers still count towards the node's footprint.
+//
+// The least count is the larger of MinReplicas and Observation.Floor: a
+// config whose shared resource is renamed (nvidia.com/gpu.shared) would
+// advertise plain nvidia.com/gpu at 1 replica, and pods asking for the
+// shared name could never run again.
 //
 // Replicas 1 means exclusive: the applier writes a config without `sharing`,
 // because NVIDIA rejects replicas below 2. Pods already holding replica IDs
@@ -67,7 +92,9 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -80,7 +107,7 @@ const (
 	ReasonGPUOOM               = "GPUOOM"               // down
 	ReasonMemoryPressure       = "MemoryPressure"       // down
 	ReasonAboveMaximum         = "AboveMaximum"         // down
-	ReasonRecentOOM            = "RecentOOM"            // hold: an OOM in the window forbids raising
+	ReasonRecentOOM            = "RecentOOM"            // hold: a sharing OOM in the window forbids raising
 	ReasonMemoryPressureGuard  = "MemoryPressureGuard"  // hold: pressure, but a change was made less than PressureWindow ago
 	ReasonOngoingPressure      = "OngoingPressure"      // hold: pressure, the count is already below the pods causing it
 	ReasonAtMaximum            = "AtMaximum"            // hold
@@ -102,21 +129,60 @@ const (
 
 // Sample is one look at one GPU.
 type Sample struct {
-	Time             time.Time
+	Time time.Time
+	// GPU is the GPU's index on its node (the exporter's gpu label), ""
+	// when unknown: a config's device selection may name GPUs by index.
+	GPU              string
 	MemoryTotalBytes uint64
 	MemoryUsedBytes  uint64
 	// ContainerPeaks maps a container key (namespace/pod/container) to its
 	// peak memory on this GPU during the sample.
 	ContainerPeaks map[string]uint64
 	// OOMEvents counts GPU OOM events since the previous sample.
-	OOMEvents          int
+	OOMEvents int
+	// OOMs details up to OOMEvents of them, when the source knows more than
+	// a count; events beyond len(OOMs) are of unknown kind and container.
+	OOMs               []OOM
 	ReplicasAdvertised int
 	ReplicasAllocated  int
+}
+
+// OOMKind says what ran out at a GPU OOM. The values are internal/oom's
+// Kind values, which the exporter's OOM counter carries in its `kind` label.
+type OOMKind string
+
+// OOM kinds.
+const (
+	// OOMUnknown: the source does not say; Decide judges from the memory
+	// figures.
+	OOMUnknown OOMKind = ""
+	// OOMDevice: the GPU's memory was full.
+	OOMDevice OOMKind = "device"
+	// OOMCap: a per-process cap was reached (PyTorch's
+	// set_per_process_memory_fraction, TensorFlow's memory limit): the
+	// application's own limit, not the GPU's.
+	OOMCap OOMKind = "process-cap"
+	// OOMEncoderSession: NVENC could not open an encoding session. Logged
+	// like an OOM, it is a session limit, not memory: it neither lowers nor
+	// holds a raise.
+	OOMEncoderSession OOMKind = "encoder-session"
+)
+
+// OOM is one GPU out-of-memory event.
+type OOM struct {
+	// Container is the container key (namespace/pod/container); "" when
+	// unknown.
+	Container string
+	Kind      OOMKind
 }
 
 // GPUObservation is one GPU's recent history.
 type GPUObservation struct {
 	UUID string
+	// Exclusive is set when the node's config leaves this GPU out of
+	// time-slicing (devices selects other GPUs): its count does not follow
+	// the node's.
+	Exclusive bool
 	// Samples is the window, oldest first. Samples outside
 	// [Now−Window, Now] are ignored.
 	Samples []Sample
@@ -129,7 +195,16 @@ type Observation struct {
 	CurrentReplicas int
 	// LastChange is when the count last changed; zero means never.
 	LastChange time.Time
-	GPUs       []GPUObservation
+	// Floor is the least count the node's config can take without changing
+	// the resource pods ask for (2 when it renames the shared resource); 0
+	// means no floor beyond MinReplicas.
+	Floor int
+	// PendingRequest is the most replicas one pending pod waiting for this
+	// node's resource asks for; 0 when none waits. `gpuslice-tuner run`
+	// does not gather it yet: that needs read access to pods in every
+	// namespace, which its RBAC does not grant.
+	PendingRequest int
+	GPUs           []GPUObservation
 }
 
 // Decision is the answer for one node.
@@ -158,11 +233,29 @@ func Decide(cfg Config, obs Observation) Decision {
 			Message:  fmt.Sprintf("node %s: no GPU observed, keeping %d replicas", obs.Node, obs.CurrentReplicas),
 		}
 	}
+	cfg.MinReplicas = max(cfg.MinReplicas, obs.Floor)
+	cfg.MaxReplicas = max(cfg.MaxReplicas, cfg.MinReplicas)
+	var nodeFootprint uint64
+	for _, g := range obs.GPUs {
+		nodeFootprint = max(nodeFootprint, footprint(within(g.Samples, obs.Now.Add(-cfg.Window), obs.Now)))
+	}
 	var best Decision
-	for i, g := range obs.GPUs {
-		d := decideGPU(cfg, obs, g)
-		if i == 0 || d.Replicas < best.Replicas || (d.Replicas == best.Replicas && d.GPU < best.GPU) {
+	judged := 0
+	for _, g := range obs.GPUs {
+		if g.Exclusive {
+			continue
+		}
+		d := decideGPU(cfg, obs, g, nodeFootprint)
+		if judged == 0 || d.Replicas < best.Replicas || (d.Replicas == best.Replicas && d.GPU < best.GPU) {
 			best = d
+		}
+		judged++
+	}
+	if judged == 0 {
+		return Decision{
+			Replicas: obs.CurrentReplicas,
+			Reason:   ReasonNoGPUs,
+			Message:  fmt.Sprintf("node %s: every GPU is left out of time-slicing, keeping %d replicas", obs.Node, obs.CurrentReplicas),
 		}
 	}
 	best.Direction = direction(obs.CurrentReplicas, best.Replicas)
@@ -181,17 +274,19 @@ func direction(from, to int) string {
 
 // gpuView is the part of a GPU's history that Decide looks at.
 type gpuView struct {
-	cfg       Config
-	now       time.Time
-	cur       int
-	window    []Sample // within [now−Window, now]
+	cfg     Config
+	now     time.Time
+	cur     int
+	pending int      // Observation.PendingRequest
+	window  []Sample // within [now−Window, now]
+	// footprint is the node's largest container peak in the window.
 	footprint uint64
 }
 
-func decideGPU(cfg Config, obs Observation, g GPUObservation) Decision {
-	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas}
+func decideGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint uint64) Decision {
+	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas, pending: obs.PendingRequest}
 	v.window = within(g.Samples, obs.Now.Add(-cfg.Window), obs.Now)
-	v.footprint = footprint(v.window)
+	v.footprint = nodeFootprint
 	d := v.decide(obs.LastChange)
 	d.FootprintBytes = v.footprint
 	d.GPU = g.UUID
@@ -214,11 +309,11 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 			low = Decision{Replicas: to, Reason: reason, Message: msg}
 		}
 	}
-	ooms, oomTarget, oomAlloc := v.oomTarget()
-	if ooms > 0 {
-		lower(oomTarget, ReasonGPUOOM, fmt.Sprintf(
-			"%d GPU OOM event(s) in the last %s; %d pods did not fit together, lowering %d -> %d",
-			ooms, cfg.Window, oomAlloc, cur, oomTarget))
+	oi := v.ooms()
+	if oi.incidents > 0 {
+		lower(oi.target, ReasonGPUOOM, fmt.Sprintf(
+			"%d GPU OOM incident(s) on a full GPU in the last %s; %d pods did not fit together%s, lowering %d -> %d",
+			oi.incidents, cfg.Window, oi.alloc, oi.fits, cur, oi.target))
 	}
 	pressed, pressTarget, pressMsg := v.pressure()
 	if pressed && sinceChange >= cfg.PressureWindow {
@@ -239,8 +334,8 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 		return Decision{Replicas: cur, Reason: reason, Message: fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case ooms > 0:
-		return hold(ReasonRecentOOM, "%d GPU OOM event(s) in the last %s, keeping %d replicas", ooms, cfg.Window, cur)
+	case oi.incidents > 0:
+		return hold(ReasonRecentOOM, "%d GPU OOM incident(s) on a full GPU in the last %s, keeping %d replicas", oi.incidents, cfg.Window, cur)
 	case pressed && pressTarget >= cur:
 		return hold(ReasonOngoingPressure, "%s; %d replicas is already below them, keeping it", pressMsg, cur)
 	case pressed:
@@ -258,8 +353,8 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if latest.ReplicasAdvertised != 0 && latest.ReplicasAdvertised != cur {
 		return hold(ReasonAwaitingApply, "%d replicas advertised, %d decided: the last change has not taken effect", latest.ReplicasAdvertised, cur)
 	}
-	if latest.ReplicasAllocated < cur {
-		return hold(ReasonFreeReplicas, "%d of %d replicas are free, no pod needs another, keeping %d replicas", cur-latest.ReplicasAllocated, cur, cur)
+	if free := cur - latest.ReplicasAllocated; free > 0 && v.pending <= free {
+		return hold(ReasonFreeReplicas, "%d of %d replicas are free, no pod needs another, keeping %d replicas", free, cur, cur)
 	}
 	if v.footprint == 0 {
 		return hold(ReasonNoWorkload, "no container memory seen in the last %s, no footprint to size a raise, keeping %d replicas", cfg.Window, cur)
@@ -278,24 +373,108 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 		gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated, cur, to)}
 }
 
-// oomTarget returns the number of OOM events in the window, the count they
-// call for and the allocation at the OOM that set it.
-func (v gpuView) oomTarget() (events, target, alloc int) {
-	target = v.cur
-	for _, s := range v.window {
-		if s.OOMEvents <= 0 {
+// oomIncidents is what the window's OOM events call for.
+type oomIncidents struct {
+	// incidents counts the OOMs that sharing caused, a container's repeats
+	// (a crash loop) once.
+	incidents int
+	// target is the count they call for, alloc the allocation at the OOM
+	// that set it and fits why.
+	target, alloc int
+	fits          string
+}
+
+// ooms classifies the window's OOM events (see the package doc).
+func (v gpuView) ooms() oomIncidents {
+	out := oomIncidents{target: v.cur}
+	seen := map[string]bool{}
+	for i, s := range v.window {
+		if s.OOMEvents <= 0 && len(s.OOMs) == 0 {
 			continue
 		}
-		events += s.OOMEvents
 		a := s.ReplicasAllocated
 		if a <= 0 {
 			a = v.cur
 		}
-		if a-1 < target {
-			target, alloc = a-1, a
+		if a < 2 {
+			continue // a lone pod: it would run out at any count
+		}
+		full := v.fullAt(i)
+		sharing := 0
+		for k := range max(s.OOMEvents, len(s.OOMs)) {
+			var o OOM
+			if k < len(s.OOMs) {
+				o = s.OOMs[k]
+			}
+			if o.Kind == OOMCap || o.Kind == OOMEncoderSession || (o.Kind == OOMUnknown && !full) {
+				continue
+			}
+			sharing++
+			if o.Container == "" || !seen[o.Container] {
+				out.incidents++
+			}
+			if o.Container != "" {
+				seen[o.Container] = true
+			}
+		}
+		if sharing == 0 {
+			continue
+		}
+		k, fits := v.fitting(s.MemoryTotalBytes)
+		if t := min(a-1, k); t < out.target {
+			out.target, out.alloc, out.fits = t, a, fits
 		}
 	}
-	return events, max(target, v.cfg.MinReplicas), alloc
+	out.target = max(out.target, v.cfg.MinReplicas)
+	return out
+}
+
+// fullAt says whether the GPU was full at the OOM of window[i]: the memory in
+// use then, or at the sample before (the failed process may already be
+// gone), left less free than the footprint (or than the pressure margin,
+// when no footprint is known).
+func (v gpuView) fullAt(i int) bool {
+	s := v.window[i]
+	if s.MemoryTotalBytes == 0 {
+		return true // nothing proves room: trust the OOM
+	}
+	used := s.MemoryUsedBytes
+	if i > 0 && v.window[i-1].MemoryTotalBytes == s.MemoryTotalBytes {
+		used = max(used, v.window[i-1].MemoryUsedBytes)
+	}
+	margin := max(v.footprint, uint64((1-v.cfg.PressureThreshold)*float64(s.MemoryTotalBytes)))
+	return used+margin > s.MemoryTotalBytes
+}
+
+// fitting is the count the measured footprints fit on a GPU of total bytes:
+// the largest k whose k hungriest container peaks of the window sum to at
+// most TargetUtilization × total (math.MaxInt when no peak is known, so that
+// the OOM's own evidence decides).
+func (v gpuView) fitting(total uint64) (int, string) {
+	peaks := map[string]uint64{}
+	for _, s := range v.window {
+		for c, p := range s.ContainerPeaks {
+			peaks[c] = max(peaks[c], p)
+		}
+	}
+	if len(peaks) == 0 || total == 0 {
+		return math.MaxInt, ""
+	}
+	sorted := slices.SortedFunc(maps.Values(peaks), func(a, b uint64) int { return cmp.Compare(b, a) })
+	budget := v.cfg.TargetUtilization * float64(total)
+	var sum float64
+	k := 0
+	for _, p := range sorted {
+		if sum+float64(p) > budget {
+			break
+		}
+		sum += float64(p)
+		k++
+	}
+	if k == len(sorted) {
+		return math.MaxInt, ""
+	}
+	return max(k, 1), fmt.Sprintf(" and only the %d hungriest measured pods fit %.0f%% of %s", max(k, 1), 100*v.cfg.TargetUtilization, gib(total))
 }
 
 // pressure says whether every sample of the last PressureWindow was at or

@@ -71,9 +71,20 @@ func TestDecide(t *testing.T) {
 	cfg := func(change func(*Config)) Config { c := DefaultConfig(); change(&c); return c }
 	roomy := history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
 	pressured := history(10*time.Minute, steady(uint64(0.96*float64(a6000)), 6, 6, servicePeaks))
+	// oomAt is an OOM on a full GPU: 46 of 48 GiB in use leaves less free
+	// than the 8 GiB footprint.
 	oomAt := func(alloc int) func(*Sample) {
-		return func(s *Sample) { s.OOMEvents, s.ReplicasAllocated = 1, alloc }
+		return func(s *Sample) { s.OOMEvents, s.ReplicasAllocated, s.MemoryUsedBytes = 1, alloc, 46*GiB }
 	}
+	// oomOf is an OOM whose source says its kind and container.
+	oomOf := func(alloc int, used uint64, ooms ...OOM) func(*Sample) {
+		return func(s *Sample) {
+			s.OOMEvents, s.OOMs, s.ReplicasAllocated, s.MemoryUsedBytes = len(ooms), ooms, alloc, used
+		}
+	}
+	// everyMinute picks a sample a minute, a crash loop's rhythm.
+	everyMinute := func(i int, _ Sample) bool { return i%4 == 1 }
+	hungry := map[string]uint64{"a/big/c": 20 * GiB, "a/big2/c": 20 * GiB, "a/s1/c": 2 * GiB, "a/s2/c": 2 * GiB, "a/s3/c": 2 * GiB, "a/s4/c": 2 * GiB}
 
 	tests := []struct {
 		name      string
@@ -170,6 +181,53 @@ func TestDecide(t *testing.T) {
 		{"exclusive stays exclusive when min = max = 1", cfg(func(c *Config) { c.MinReplicas, c.MaxReplicas = 1, 1 }),
 			node(1, time.Time{}, history(10*time.Minute, steady(4*GiB, 1, 1, map[string]uint64{"a": 4 * GiB}))), 1, ReasonAtMaximum, DirectionNone},
 		{"no GPUs", def, Observation{Node: "cpu-only", Now: now, CurrentReplicas: 4}, 4, ReasonNoGPUs, DirectionNone},
+
+		// Proportionate lowering (issue 9).
+		{"an OOM with 3 of 48 GiB in use is not a full GPU: no lowering, no hold", def,
+			node(4, time.Time{}, with(history(10*time.Minute, steady(3*GiB, 4, 4, map[string]uint64{"a/p/c": 2 * GiB})), last(1),
+				oomOf(4, 3*GiB, OOM{Container: "a/p/c"}))), 5, ReasonSustainedHeadroom, DirectionUp},
+		{"an OOM raised by a per-process cap does not lower, even on a full GPU", def,
+			// held by the 46 GiB in use, as any sample would be, not by the OOM
+			node(4, now.Add(-time.Hour), with(roomy, last(1), oomOf(4, 46*GiB, OOM{Container: "media/rife/rife", Kind: OOMCap}))),
+			4, ReasonInsufficientHeadroom, DirectionNone},
+		{"an NVENC session failure is no memory OOM", def,
+			node(4, now.Add(-time.Hour), with(roomy, last(1), oomOf(4, 46*GiB, OOM{Container: "media/ffmpeg/ffmpeg", Kind: OOMEncoderSession}))),
+			4, ReasonInsufficientHeadroom, DirectionNone},
+		{"an OOM the source calls a full device lowers whatever the figures", def,
+			node(4, now.Add(-time.Hour), with(roomy, last(1), oomOf(4, 10*GiB, OOM{Container: "media/rife/rife", Kind: OOMDevice}))),
+			3, ReasonGPUOOM, DirectionDown},
+		{"a lone pod's OOM neither lowers nor holds a raise back", def,
+			node(1, now.Add(-time.Hour), with(history(10*time.Minute, steady(4*GiB, 1, 1, map[string]uint64{"a/p/c": 4 * GiB})), everyMinute,
+				oomOf(1, 4*GiB, OOM{Container: "a/p/c", Kind: OOMDevice}))), 2, ReasonSustainedHeadroom, DirectionUp},
+		{"a crash loop is one incident and lowers once", def,
+			node(3, now.Add(-time.Minute), with(roomy, everyMinute, oomOf(4, 46*GiB, OOM{Container: "media/rife/rife"}))),
+			3, ReasonRecentOOM, DirectionNone},
+		{"lowering goes to the count the measured footprints fit, not one step", def,
+			// 20+20+2 = 42 GiB fit 43.2 GiB, a fourth pod does not
+			node(6, now.Add(-time.Hour), with(history(10*time.Minute, steady(30*GiB, 6, 6, hungry)), last(1), oomAt(6))),
+			3, ReasonGPUOOM, DirectionDown},
+		{"lowering never goes below what the OOM proves when the footprints fit", def,
+			node(6, now.Add(-time.Hour), with(roomy, last(1), oomAt(6))), 5, ReasonGPUOOM, DirectionDown},
+		{"a renamed config's floor of 2 holds against an OOM", def,
+			func() Observation {
+				o := node(2, now.Add(-time.Hour), with(roomy, last(1), oomAt(2)))
+				o.Floor = 2
+				return o
+			}(), 2, ReasonRecentOOM, DirectionNone},
+		{"a floor above the count raises to it", def,
+			func() Observation { o := node(1, time.Time{}, roomy); o.Floor = 2; return o }(), 2, ReasonBelowMinimum, DirectionUp},
+		{"a pending pod asking for 2 with 1 free is demand", def,
+			func() Observation {
+				o := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 3, 4, servicePeaks)))
+				o.PendingRequest = 2
+				return o
+			}(), 5, ReasonSustainedHeadroom, DirectionUp},
+		{"a pending pod that fits the free replicas is no demand", def,
+			func() Observation {
+				o := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 3, 4, servicePeaks)))
+				o.PendingRequest = 1
+				return o
+			}(), 4, ReasonFreeReplicas, DirectionNone},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -255,9 +313,52 @@ func TestDecideTightestGPUHoldsTheNode(t *testing.T) {
 		t.Errorf("without the tight GPU got %d (%s), want 5", d.Replicas, d.Reason)
 	}
 	// One GPU's OOM lowers the node even though the others have room.
-	obs.GPUs = []GPUObservation{gpus[0], {UUID: "GPU-3", Samples: with(roomy, last(1), func(s *Sample) { s.OOMEvents = 2 })}}
+	obs.GPUs = []GPUObservation{gpus[0], {UUID: "GPU-3", Samples: with(roomy, last(1), func(s *Sample) { s.OOMEvents, s.MemoryUsedBytes = 2, 46*GiB })}}
 	if d := Decide(DefaultConfig(), obs); d.Replicas != 3 || d.Reason != ReasonGPUOOM || d.GPU != "GPU-3" {
 		t.Errorf("with an OOM on GPU-3 got %+v, want 3 GPUOOM GPU-3", d)
+	}
+}
+
+// A raise is priced at the node's largest pod, not each GPU's own: GPU-1
+// has room for one more of its 8.5 GiB pods, but the replica may go to the
+// 20 GiB pod seen on GPU-0 and overflow GPU-1.
+func TestDecideRaisePricedAtTheNodesLargestPod(t *testing.T) {
+	gpu0 := history(10*time.Minute, steady(21*GiB, 2, 2, map[string]uint64{"a/train/c": 20 * GiB}))
+	gpu1 := history(10*time.Minute, steady(25*GiB, 2, 2, map[string]uint64{"a/yolo/c": 8*GiB + GiB/2}))
+	obs := Observation{Node: "n", Now: now, CurrentReplicas: 2, GPUs: []GPUObservation{{UUID: "GPU-0", Samples: gpu0}, {UUID: "GPU-1", Samples: gpu1}}}
+	d := Decide(DefaultConfig(), obs)
+	if d.Replicas != 2 || d.Reason != ReasonInsufficientHeadroom || d.GPU != "GPU-1" || d.FootprintBytes != 20*GiB {
+		t.Errorf("got %d %s on %s, footprint %d; want GPU-1 to hold at 2 for a 20 GiB pod (%s)", d.Replicas, d.Reason, d.GPU, d.FootprintBytes, d.Message)
+	}
+}
+
+// A GPU the config leaves exclusive (devices) advertises 1 while the node
+// has 4: it must not hold the node in AwaitingApply, and its OOM says
+// nothing about the shared GPUs.
+func TestDecideExclusiveGPUIsNotJudged(t *testing.T) {
+	shared := history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
+	excl := history(10*time.Minute, steady(46*GiB, 1, 1, map[string]uint64{"a/train/c": 8 * GiB}))
+	excl = with(excl, last(1), func(s *Sample) { s.OOMEvents = 1 })
+	obs := Observation{Node: "n", Now: now, CurrentReplicas: 4, GPUs: []GPUObservation{
+		{UUID: "GPU-0", Samples: shared}, {UUID: "GPU-1", Exclusive: true, Samples: excl}}}
+	if d := Decide(DefaultConfig(), obs); d.Replicas != 5 || d.GPU != "GPU-0" {
+		t.Errorf("got %d %s on %s; want the shared GPU-0 to raise to 5 (%s)", d.Replicas, d.Reason, d.GPU, d.Message)
+	}
+	obs.GPUs = obs.GPUs[1:]
+	if d := Decide(DefaultConfig(), obs); d.Replicas != 4 || d.Reason != ReasonNoGPUs {
+		t.Errorf("only an exclusive GPU: got %d %s, want a NoGPUs hold at 4", d.Replicas, d.Reason)
+	}
+}
+
+func TestDecideCrashLoopMessageCountsOneIncident(t *testing.T) {
+	ss := with(history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks)), func(i int, _ Sample) bool { return i%4 == 1 },
+		func(s *Sample) {
+			s.OOMEvents, s.MemoryUsedBytes = 1, 46*GiB
+			s.OOMs = []OOM{{Container: "media/rife/rife"}}
+		})
+	d := Decide(DefaultConfig(), node(4, now.Add(-time.Hour), ss))
+	if d.Replicas != 3 || !strings.Contains(d.Message, "1 GPU OOM incident(s)") {
+		t.Errorf("got %d: %s; want 3 for one incident", d.Replicas, d.Message)
 	}
 }
 
@@ -265,7 +366,7 @@ func TestDecidePerNodeIndependence(t *testing.T) {
 	cfg := DefaultConfig()
 	roomy := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks)))
 	crashed := node(6, time.Time{}, with(history(10*time.Minute, steady(servicesUsed, 6, 6, servicePeaks)), last(1),
-		func(s *Sample) { s.OOMEvents = 1 }))
+		func(s *Sample) { s.OOMEvents, s.MemoryUsedBytes = 1, 46*GiB }))
 	roomy.Node, crashed.Node = "node-a", "node-b"
 
 	alone := Decide(cfg, roomy)

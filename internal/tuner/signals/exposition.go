@@ -29,6 +29,8 @@ var ErrExposition = errors.New("bad exporter metrics")
 
 // GPUReading is what one scrape says about one GPU.
 type GPUReading struct {
+	// Index is the exporter's gpu label, the GPU's index on its node.
+	Index            string
 	MemoryTotalBytes uint64
 	MemoryUsedBytes  uint64
 	// Containers maps ContainerKey to the container's memory on this GPU.
@@ -37,9 +39,11 @@ type GPUReading struct {
 	// resource name they are advertised under.
 	ReplicasAdvertised int
 	ReplicasAllocated  int
-	// OOMCounters maps an OOM counter series (container and source) to its
-	// value.
+	// OOMCounters maps an OOM counter series (container, source and kind)
+	// to its value, and OOMSeries the same series to the container and kind
+	// each of its events is reported with.
 	OOMCounters map[string]float64
+	OOMSeries   map[string]policy.OOM
 }
 
 // Reading is one scrape of one exporter: its GPUs by UUID. A GPU is in it
@@ -65,7 +69,7 @@ func ParseExposition(r io.Reader) (Reading, error) {
 	}
 	each(MetricMemoryTotal, func(l map[string]string, v float64) {
 		if u := l["uuid"]; u != "" {
-			out[u] = &GPUReading{MemoryTotalBytes: toBytes(v), Containers: map[string]uint64{}, OOMCounters: map[string]float64{}}
+			out[u] = &GPUReading{Index: l["gpu"], MemoryTotalBytes: toBytes(v), Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}}
 		}
 	})
 	gpu := func(l map[string]string) *GPUReading { return out[l["uuid"]] }
@@ -97,13 +101,31 @@ func ParseExposition(r io.Reader) (Reading, error) {
 		if g == nil {
 			return
 		}
-		g.OOMCounters[oomSeries(l["namespace"], l["pod"], l["container"], l["source"])] = v
+		series := oomSeries(l["namespace"], l["pod"], l["container"], l["source"]) + "/" + l["kind"]
+		g.OOMCounters[series] = v
+		g.OOMSeries[series] = oomOf(l)
 	})
 	return out, nil
 }
 
 func oomSeries(namespace, pod, container, source string) string {
 	return ContainerKey(namespace, pod, container) + "/" + source
+}
+
+// oomOf is the OOM an event of a counter series stands for. The `kind`
+// label (internal/oom's Kind: device, process-cap, encoder-session) is
+// optional; an exporter without it, or an unknown value, leaves the kind to
+// the policy's memory figures.
+func oomOf(l map[string]string) policy.OOM {
+	o := policy.OOM{Kind: policy.OOMUnknown}
+	if l["pod"] != "" {
+		o.Container = ContainerKey(l["namespace"], l["pod"], l["container"])
+	}
+	switch k := policy.OOMKind(l["kind"]); k {
+	case policy.OOMDevice, policy.OOMCap, policy.OOMEncoderSession:
+		o.Kind = k
+	}
+	return o
 }
 
 func labelMap(m *dto.Metric) map[string]string {
@@ -156,8 +178,8 @@ const forgetCounter = 2 * time.Hour
 func newOOMTracker() *oomTracker { return &oomTracker{last: map[string]counterState{}} }
 
 // events returns the OOM events per GPU UUID since the previous call.
-func (t *oomTracker) events(r Reading, now time.Time) map[string]int {
-	out := map[string]int{}
+func (t *oomTracker) events(r Reading, now time.Time) map[string][]policy.OOM {
+	out := map[string][]policy.OOM{}
 	for uuid, g := range r {
 		for series, v := range g.OOMCounters {
 			k := uuid + "\x00" + series
@@ -171,7 +193,9 @@ func (t *oomTracker) events(r Reading, now time.Time) map[string]int {
 				d = v - prev.v
 			}
 			t.last[k] = counterState{v: v, seen: now}
-			out[uuid] += int(math.Round(d))
+			for range int(math.Round(d)) {
+				out[uuid] = append(out[uuid], g.OOMSeries[series])
+			}
 		}
 	}
 	t.seeded = true
@@ -190,10 +214,12 @@ func (t *oomTracker) samples(r Reading, at time.Time) map[string]policy.Sample {
 	for uuid, g := range r {
 		out[uuid] = policy.Sample{
 			Time:               at,
+			GPU:                g.Index,
 			MemoryTotalBytes:   g.MemoryTotalBytes,
 			MemoryUsedBytes:    g.MemoryUsedBytes,
 			ContainerPeaks:     g.Containers,
-			OOMEvents:          ooms[uuid],
+			OOMEvents:          len(ooms[uuid]),
+			OOMs:               ooms[uuid],
 			ReplicasAdvertised: g.ReplicasAdvertised,
 			ReplicasAllocated:  g.ReplicasAllocated,
 		}

@@ -74,7 +74,7 @@ func (p *Prometheus) Queries() map[string]string {
 		"containers": by(", namespace, pod, container") + "(max_over_time(" + MetricContainerMemory + sel + "[" + rng + "]))",
 		"advertised": "sum by (" + n + ", uuid) (" + by(", resource") + "(" + MetricReplicas + sel + "))",
 		"allocated":  "sum by (" + n + ", uuid) (" + by(", resource") + "(" + MetricReplicasAllocated + sel + "))",
-		"oom":        by(", namespace, pod, container, source") + "(" + MetricOOMEvents + sel + ")",
+		"oom":        by(", namespace, pod, container, source, kind") + "(" + MetricOOMEvents + sel + ")",
 	}
 }
 
@@ -170,7 +170,12 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 			t := pt.Timestamp.Time()
 			j := sort.Search(len(ss), func(j int) bool { return !ss[j].Time.Before(t) })
 			if j < len(ss) {
-				ss[j].OOMEvents += int(math.Round(d))
+				n := int(math.Round(d))
+				ss[j].OOMEvents += n
+				o := oomOf(labelsOf(s.Metric))
+				for range n {
+					ss[j].OOMs = append(ss[j].OOMs, o)
+				}
 			}
 		}
 	}
@@ -191,4 +196,12 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 		sortGPUs(obs)
 	}
 	return out, nil
+}
+
+func labelsOf(m model.Metric) map[string]string {
+	l := make(map[string]string, len(m))
+	for k, v := range m {
+		l[string(k)] = string(v)
+	}
+	return l
 }

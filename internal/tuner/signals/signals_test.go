@@ -2,12 +2,14 @@ package signals
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/gpuslice/gpuslice/internal/oom"
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 )
 
@@ -31,6 +33,7 @@ gpuslice_gpu_replicas_allocated{gpu="0",resource="nvidia.com/gpu",uuid="GPU-a"} 
 # TYPE gpuslice_gpu_oom_events_total counter
 gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="log",uuid="GPU-a"} 2
 gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="termination",uuid="GPU-a"} 1
+gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="process-cap",namespace="ml",pod="llm",source="log",uuid="GPU-a"} 1
 # TYPE go_goroutines gauge
 go_goroutines 12
 `
@@ -42,12 +45,14 @@ func TestParseExposition(t *testing.T) {
 	}
 	want := Reading{
 		"GPU-a": {
-			MemoryTotalBytes: 51527024640, MemoryUsedBytes: 12e9,
+			Index: "0", MemoryTotalBytes: 51527024640, MemoryUsedBytes: 12e9,
 			Containers:         map[string]uint64{"ml/yolo/main": 4e9, "media/ffmpeg/enc": 5e8},
 			ReplicasAdvertised: 6, ReplicasAllocated: 3,
-			OOMCounters: map[string]float64{"ml/yolo/main/log": 2, "ml/yolo/main/termination": 1},
+			OOMCounters: map[string]float64{"ml/yolo/main/log/": 2, "ml/yolo/main/termination/": 1, "ml/llm/train/log/process-cap": 1},
+			OOMSeries: map[string]policy.OOM{"ml/yolo/main/log/": {Container: "ml/yolo/main"}, "ml/yolo/main/termination/": {Container: "ml/yolo/main"},
+				"ml/llm/train/log/process-cap": {Container: "ml/llm/train", Kind: policy.OOMCap}},
 		},
-		"GPU-b": {MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}},
+		"GPU-b": {Index: "1", MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("reading (-want +got):\n%s", d)
@@ -79,11 +84,29 @@ func TestOOMTracker(t *testing.T) {
 			t0 := time.Unix(1000, 0)
 			for i, step := range tc.steps {
 				got := tr.events(reading(step), t0.Add(time.Duration(i)*time.Second))["GPU-a"]
-				if got != tc.want[i] {
-					t.Errorf("step %d: %d events, want %d", i, got, tc.want[i])
+				if len(got) != tc.want[i] {
+					t.Errorf("step %d: %d events, want %d", i, len(got), tc.want[i])
 				}
 			}
 		})
+	}
+}
+
+// Each event keeps the container and kind of its series, so the policy can
+// tell a per-process cap from a full GPU and a crash loop from many pods.
+func TestOOMTrackerKeepsContainerAndKind(t *testing.T) {
+	r0, err := ParseExposition(strings.NewReader(exposition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, _ := ParseExposition(strings.NewReader(strings.ReplaceAll(exposition, `uuid="GPU-a"} 1`+"\n", `uuid="GPU-a"} 2`+"\n")))
+	tr := newOOMTracker()
+	tr.events(r0, time.Unix(1000, 0))
+	got := tr.events(r1, time.Unix(1015, 0))["GPU-a"]
+	slices.SortFunc(got, func(a, b policy.OOM) int { return strings.Compare(a.Container, b.Container) })
+	want := []policy.OOM{{Container: "ml/llm/train", Kind: policy.OOMCap}, {Container: "ml/yolo/main"}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("events (-want +got):\n%s", d)
 	}
 }
 
@@ -139,5 +162,24 @@ func TestWindow(t *testing.T) {
 	}
 	if got := times(obs["n1"][0].Samples); !cmp.Equal(got, []int{100}) {
 		t.Errorf("after prune GPU-a has %v, want [100]", got)
+	}
+}
+
+// The kinds the policy reads are the OOM matcher's, by value: the `kind`
+// label carries internal/oom's Kind.
+func TestOOMKindsAreTheMatchers(t *testing.T) {
+	for _, tc := range []struct {
+		matcher oom.Kind
+		policy  policy.OOMKind
+	}{
+		{oom.KindDevice, policy.OOMDevice},
+		{oom.KindProcessCap, policy.OOMCap},
+		{oom.KindEncoderSession, policy.OOMEncoderSession},
+		{oom.KindUnknown, policy.OOMUnknown},
+		{"something-new", policy.OOMUnknown},
+	} {
+		if got := oomOf(map[string]string{"kind": string(tc.matcher)}).Kind; got != tc.policy {
+			t.Errorf("kind %q reads as %q, want %q", tc.matcher, got, tc.policy)
+		}
 	}
 }

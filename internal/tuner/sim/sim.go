@@ -183,7 +183,7 @@ type replay struct {
 	replicas int
 	changed  time.Time
 	samples  []policy.Sample
-	newOOMs  int // since the previous tick
+	newOOMs  []policy.OOM // since the previous tick
 	nextTick time.Duration
 	res      Result
 	pending  time.Duration
@@ -293,7 +293,9 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 		return
 	}
 	r.res.OOMEvents++
-	r.newOOMs++
+	// The trace's OOM is by construction the GPU's total being passed: the
+	// exporter would report it as a full device.
+	r.newOOMs = append(r.newOOMs, policy.OOM{Container: p.Name, Kind: policy.OOMDevice})
 	p.ooms++
 	r.lost += t - p.attempt + min(RestartDelay, p.end-t, r.tr.Duration-t)
 	r.setMemory(p, 0)
@@ -316,7 +318,8 @@ func (r *replay) tick(t time.Duration) error {
 		MemoryTotalBytes:   r.tr.MemoryTotalBytes,
 		MemoryUsedBytes:    r.used,
 		ContainerPeaks:     map[string]uint64{},
-		OOMEvents:          r.newOOMs,
+		OOMEvents:          len(r.newOOMs),
+		OOMs:               r.newOOMs,
 		ReplicasAdvertised: r.replicas,
 		ReplicasAllocated:  r.held,
 	}
@@ -326,7 +329,7 @@ func (r *replay) tick(t time.Duration) error {
 		}
 		p.peak, p.seen = p.mem, p.state == running
 	}
-	r.newOOMs = 0
+	r.newOOMs = nil
 	r.samples = append(r.samples, s)
 	from := now.Add(-r.pol.History())
 	drop := 0

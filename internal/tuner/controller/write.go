@@ -1,0 +1,192 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+)
+
+// The write helpers every Applier uses: each reads the object fresh, lets
+// change edit a deep copy (returning errUnchanged when there is nothing to
+// write), and updates it with the read resourceVersion and FieldManager,
+// redoing all of it from a fresh read on a conflict so that a concurrent
+// edit survives.
+
+// errUnchanged, returned by a change function, means nothing to write.
+var errUnchanged = errors.New("unchanged")
+
+// updateNode applies change to a fresh copy of the node and writes it.
+func (c *Controller) updateNode(ctx context.Context, name string, change func(*corev1.Node) error) error {
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		n, err := c.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n = n.DeepCopy()
+		if err := change(n); err != nil {
+			return err
+		}
+		_, err = c.client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{FieldManager: FieldManager})
+		return err
+	})
+}
+
+// updateConfigMap applies change to a fresh copy of the ConfigMap and
+// writes it, returning what was written (or read, when unchanged).
+func (c *Controller) updateConfigMap(ctx context.Context, change func(*corev1.ConfigMap) error) (*corev1.ConfigMap, error) {
+	ref := c.cfg.Apply.ConfigMap
+	var out *corev1.ConfigMap
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		cm, err := c.client.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		out = cm
+		cm = cm.DeepCopy()
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		if cm.Annotations == nil {
+			cm.Annotations = map[string]string{}
+		}
+		if err := change(cm); err != nil {
+			return err
+		}
+		if c.cfg.DryRun {
+			return nil
+		}
+		out, err = c.client.CoreV1().ConfigMaps(ref.Namespace).Update(ctx, cm, metav1.UpdateOptions{FieldManager: FieldManager})
+		return err
+	})
+	if errors.Is(err, errUnchanged) {
+		return out, nil
+	}
+	return out, err
+}
+
+// restartDaemonSet does what `kubectl rollout restart` does to the device
+// plugin's DaemonSet, stamped with the given time.
+func (c *Controller) restartDaemonSet(ctx context.Context, stamp string) error {
+	ref := c.cfg.Apply.DaemonSet
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		ds, err := c.client.AppsV1().DaemonSets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ds.Spec.Template.Annotations[AnnotationRestartedAt] == stamp {
+			return nil
+		}
+		ds = ds.DeepCopy()
+		if ds.Spec.Template.Annotations == nil {
+			ds.Spec.Template.Annotations = map[string]string{}
+		}
+		ds.Spec.Template.Annotations[AnnotationRestartedAt] = stamp
+		_, err = c.client.AppsV1().DaemonSets(ref.Namespace).Update(ctx, ds, metav1.UpdateOptions{FieldManager: FieldManager})
+		if err == nil {
+			c.log.Info("device plugin DaemonSet restarted", "daemonset", ref.String(), "restartedAt", stamp)
+		}
+		return err
+	})
+}
+
+func setRecord(m *metav1.ObjectMeta, rec Record) {
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[AnnotationReplicas] = strconv.Itoa(rec.Replicas)
+	m.Annotations[AnnotationLastDecision] = rec.String()
+}
+
+// annotate records a decision that changed nothing on the node, when its
+// count, recommendation or reason differ from the recorded one (messages
+// change with every sample; writing each would make every round a write).
+func (c *Controller) annotate(ctx context.Context, w *work, rec Record, lastChange time.Time) {
+	if c.cfg.DryRun {
+		return
+	}
+	if !lastChange.IsZero() {
+		rec.LastChange = &lastChange
+	}
+	if old := w.record; old != nil && old.Replicas == rec.Replicas && old.Recommended == rec.Recommended && old.Reason == rec.Reason &&
+		w.node.Annotations[AnnotationReplicas] == strconv.Itoa(rec.Replicas) {
+		return
+	}
+	err := c.updateNode(ctx, w.node.Name, func(n *corev1.Node) error {
+		// A change written since (by another leader) is newer than this.
+		if cur := readRecord(n.Annotations[AnnotationLastDecision]); cur.lastChange().After(rec.lastChange()) {
+			return errUnchanged
+		}
+		setRecord(&n.ObjectMeta, rec)
+		return nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) && !apierrors.IsNotFound(err) {
+		c.log.Warn("annotating the node's decision failed", "node", w.node.Name, "err", err)
+	}
+}
+
+// record reports a verdict that wrote nothing: the node's annotation and,
+// for a refusal, a Warning Event and a log line.
+func (c *Controller) record(ctx context.Context, now time.Time, w *work, cur int, d policy.Decision, v verdict, lastChange time.Time) {
+	if v.eventType != "" {
+		c.event(w, v.eventType, v.reason, strconv.Itoa(d.Replicas), "%s", v.message)
+		c.log.Warn("change refused", "node", w.node.Name, "reason", v.reason, "msg", v.message)
+	}
+	c.annotate(ctx, w, Record{Time: now, Replicas: cur, Recommended: d.Replicas, Reason: v.reason, Message: v.message}, lastChange)
+}
+
+// refuseInvalid leaves a node whose config does not parse alone.
+func (c *Controller) refuseInvalid(ctx context.Context, now time.Time, w *work, err error) {
+	c.m.configInvalid.WithLabelValues(w.node.Name).Set(1)
+	c.event(w, corev1.EventTypeWarning, ReasonConfigInvalid, err.Error(),
+		"%v; the tuner leaves this node and that config as they are until it parses", err)
+	c.log.Error("device-plugin config does not parse; node skipped, config left as it is", "node", w.node.Name, "err", err)
+	rec := Record{Time: now, Reason: ReasonConfigInvalid, Message: err.Error()}
+	if w.record != nil {
+		rec.Replicas, rec.Recommended = w.record.Replicas, w.record.Replicas
+	}
+	c.annotate(ctx, w, rec, w.record.lastChange())
+}
+
+// changed records a change that was written (or, in a dry run, would be).
+func (c *Controller) changed(w *work, span trace.Span, d policy.Decision, from int, resource, where string, now time.Time) {
+	reason, past := ReasonReplicasLowered, "lowered"
+	if d.Direction == policy.DirectionUp {
+		reason, past = ReasonReplicasRaised, "raised"
+	}
+	if c.cfg.DryRun {
+		past = "would be " + past
+	}
+	c.event(w, corev1.EventTypeNormal, reason, fmt.Sprintf("%d>%d", from, d.Replicas),
+		"replicas per GPU %s %d -> %d (%s): %s: %s", past, from, d.Replicas, where, d.Reason, d.Message)
+	c.log.Info("replicas "+past, "node", w.node.Name, "from", from, "to", d.Replicas, "reason", d.Reason, "where", where, "msg", d.Message)
+	span.AddEvent("applied")
+	if c.cfg.DryRun {
+		return
+	}
+	c.m.changes.WithLabelValues(w.node.Name, resource, d.Direction).Inc()
+	c.m.lastChange.WithLabelValues(w.node.Name).Set(float64(now.Unix()))
+	c.m.setReplicas(w.st, w.node.Name, resource, d.Replicas, d.Replicas)
+}
+
+// applyFailed records a write that did not happen.
+func (c *Controller) applyFailed(w *work, span trace.Span, d policy.Decision, from int, where string, err error) {
+	span.RecordError(err)
+	if errors.Is(err, ErrStale) {
+		c.log.Info("change dropped, deciding again next round", "node", w.node.Name, "err", err)
+		return
+	}
+	c.m.applyFailures.WithLabelValues(w.node.Name).Inc()
+	c.event(w, corev1.EventTypeWarning, ReasonApplyFailed, fmt.Sprintf("%d>%d", from, d.Replicas),
+		"writing %d -> %d (%s) failed: %v", from, d.Replicas, where, err)
+	c.log.Error("writing a change failed", "node", w.node.Name, "from", from, "to", d.Replicas, "where", where, "err", err)
+}
