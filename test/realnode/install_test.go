@@ -229,7 +229,7 @@ func TestHelmInstall(t *testing.T) {
 		_, msg := prom.firing("GPUSliceOOM", map[string]string{"node": n.Name, "pod": "inst-oom1", "container": "cuda"})
 		return msg
 	})
-	testproc.Eventually(t, 60*time.Second, 500*time.Millisecond, func() string { return nodeEvent(t, "ReplicasLowered", "dry run") })
+	testproc.Eventually(t, 60*time.Second, 500*time.Millisecond, func() string { return nodeEvent(t, "ReplicasLowered", "dry run", "4 -> 2") })
 	if l := configLabel(t); l != "" {
 		t.Errorf("in dry run the tuner labelled the node %s=%q", configLbl, l)
 	}
@@ -245,14 +245,16 @@ func TestHelmInstall(t *testing.T) {
 	// the node's label, which only its RBAC allows.
 	helm(t, "upgrade", release, chart, "-n", installNS, "--reuse-values", "--set", "tuner.config.dryRun=false", "--wait", "--timeout", "3m")
 	waitRolled(t, "tuner")
+	// Two replicas were allocated at the OOM (a1's and oom2's): the policy
+	// lowers to one less, held at minReplicas 2.
 	createPod(t, fakeCUDAPod("inst-oom2", podOpts{restart: corev1.RestartPolicyNever, args: []string{"-memory", "0s=1Gi,3s=40Gi", "-quiet"}}))
 	testproc.Eventually(t, 90*time.Second, 500*time.Millisecond, func() string {
-		if l := configLabel(t); l != "gpuslice-3" {
-			return fmt.Sprintf("node label %s=%q, want gpuslice-3 after the OOM", configLbl, l)
+		if l := configLabel(t); l != "gpuslice-2" {
+			return fmt.Sprintf("node label %s=%q, want gpuslice-2 after the OOM", configLbl, l)
 		}
 		return ""
 	})
-	waitAllocatable(t, gpuRes, 3, 60*time.Second)
+	waitAllocatable(t, gpuRes, 2, 60*time.Second)
 
 	// 8. An upgrade that changes nothing the tuner owns keeps its state:
 	// the named config it added, the label, the lowered count, the pod.
@@ -261,14 +263,14 @@ func TestHelmInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := cm.Data["gpuslice-3"]; !ok {
-		t.Errorf("after helm upgrade the plugin ConfigMap lost the tuner's gpuslice-3 config: keys %v", slices.Sorted(maps.Keys(cm.Data)))
+	if _, ok := cm.Data["gpuslice-2"]; !ok {
+		t.Errorf("after helm upgrade the plugin ConfigMap lost the tuner's gpuslice-2 config: keys %v", slices.Sorted(maps.Keys(cm.Data)))
 	}
-	if l := configLabel(t); l != "gpuslice-3" {
-		t.Errorf("after helm upgrade the node label is %q, want gpuslice-3", l)
+	if l := configLabel(t); l != "gpuslice-2" {
+		t.Errorf("after helm upgrade the node label is %q, want gpuslice-2", l)
 	}
 	time.Sleep(12 * time.Second) // one node-status update after the plugin restarted
-	waitAllocatable(t, gpuRes, 3, 60*time.Second)
+	waitAllocatable(t, gpuRes, 2, 60*time.Second)
 	if p := getPod(t, "inst-a1"); p.Status.Phase != corev1.PodRunning {
 		t.Errorf("the upgrade disturbed inst-a1: %s", podWhy(p))
 	}
@@ -285,7 +287,7 @@ func TestHelmInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if node.Labels["nvidia.com/gpu.present"] != "true" || node.Labels[configLbl] != "gpuslice-3" {
+	if node.Labels["nvidia.com/gpu.present"] != "true" || node.Labels[configLbl] != "gpuslice-2" {
 		t.Errorf("after uninstall the node's labels are %v, want gpu.present and %s kept", node.Labels, configLbl)
 	}
 }
