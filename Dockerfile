@@ -13,6 +13,10 @@
 # NVIDIA_VISIBLE_DEVICES) under /usr/lib/x86_64-linux-gnu, which Debian's
 # loader searches; go-nvml dlopens it at start.
 #
+# `make image` builds the same image with no container engine and no
+# registry (hack/image.sh: the programs built here plus the libraries they
+# link, in one layer); deploy/image_test.go (TestLocalImage) keeps its
+# layout, USER, ENV, EXPOSE and labels equal to this file's.
 # deploy/deploy_test.go (TestDockerfile) checks this file against the chart:
 # the binaries are where the chart's commands find them, the user agrees with
 # the chart's securityContexts, and the sources copied are all the programs
@@ -35,7 +39,7 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     go build -trimpath -ldflags="-s -w" -o /out/gpuslice-plugin ./cmd/plugin
 
 FROM ${BASE_IMAGE}
-# The chart's appVersion; `make image` passes --build-arg VERSION.
+# The chart's appVersion; `make image-docker` passes --build-arg VERSION.
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="gpuslice" \
       org.opencontainers.image.description="Safe NVIDIA GPU time-slicing on Kubernetes: gpuslice-exporter, gpuslice-tuner, gpuslice-plugin" \

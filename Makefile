@@ -10,7 +10,7 @@ COMMANDS := exporter tuner plugin
 GOTEST_FLAGS ?= -count=1 -timeout 20m
 VERSION ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' deploy/helm/gpuslice/Chart.yaml)
 
-.PHONY: help build test unit bench demo lint fmt vet dashboards manifests test-bins image clean
+.PHONY: help build test unit bench demo lint fmt vet dashboards manifests test-bins image image-import image-docker clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -54,8 +54,20 @@ dashboards: ## regenerate dashboards/*.json from the Go code
 manifests: dashboards test-bins ## re-render deploy/manifests and the chart's copies of rules and dashboards
 	$(GO) test -count=1 ./deploy -run '^(TestChartCopies|TestManifests)$$' -update
 
-image: ## build the container image (needs a Docker engine; not built in CI here)
-	docker build --build-arg VERSION=$(VERSION) -t ghcr.io/gpuslice/gpuslice:$(VERSION) .
+IMAGE ?= ghcr.io/gpuslice/gpuslice:$(VERSION)
+IMAGE_TAR ?= .cache/image/gpuslice.tar
+# The test node's containerd (test/realnode/scripts/up.sh); on k3s use
+# `sudo k3s ctr images import $(IMAGE_TAR)` instead.
+CONTAINERD_SOCK ?= /tmp/gpuslice-realnode/containerd/containerd.sock
+
+image: ## build the image $(IMAGE) as $(IMAGE_TAR) on this machine: no container engine, no registry, nothing pulled
+	@VERSION=$(VERSION) IMAGE=$(IMAGE) bash hack/image.sh $(IMAGE_TAR)
+
+image-import: image ## import the image into the test node's containerd (CONTAINERD_SOCK)
+	ctr --address $(CONTAINERD_SOCK) -n k8s.io images import $(IMAGE_TAR)
+
+image-docker: ## build the same image from the Dockerfile (needs a Docker engine and registry access)
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 clean:
 	rm -rf $(BIN)

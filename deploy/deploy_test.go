@@ -1582,18 +1582,7 @@ func debianRelease(image string) string {
 // ignores out of the build context.
 func TestDockerfile(t *testing.T) {
 	root := repoRoot(t)
-	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stages, err := parseDockerfile(string(data))
-	if err != nil {
-		t.Fatalf("Dockerfile: %v", err)
-	}
-	layout, err := layoutOf(stages)
-	if err != nil {
-		t.Fatalf("Dockerfile: %v", err)
-	}
+	stages, layout := readDockerfile(t, root)
 	build, final := stages[0], stages[len(stages)-1]
 
 	t.Run("a wrong layout is caught", func(t *testing.T) {

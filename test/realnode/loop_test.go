@@ -28,6 +28,19 @@ type prometheus struct{ url string }
 
 func startPrometheus(t *testing.T, exporter, node string) *prometheus {
 	t.Helper()
+	return runPrometheus(t, fmt.Sprintf(`
+  - job_name: gpuslice-exporter
+    static_configs:
+      - targets: [%q]
+        labels: {node: %q}
+`, exporter, node), fmt.Sprintf(`up{job="gpuslice-exporter",node=%q}`, node))
+}
+
+// runPrometheus runs Prometheus with the shipped rules, a 1 s scrape and
+// evaluation interval and scrapeConfigs (YAML list items), and waits until
+// upQuery is 1.
+func runPrometheus(t *testing.T, scrapeConfigs, upQuery string) *prometheus {
+	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Fatalf("prometheus not in PATH (Debian: apt-get install prometheus; .ci/run installs it): %v", err)
@@ -40,12 +53,7 @@ func startPrometheus(t *testing.T, exporter, node string) *prometheus {
   scrape_timeout: 1s
   evaluation_interval: 1s
 rule_files: [%q]
-scrape_configs:
-  - job_name: gpuslice-exporter
-    static_configs:
-      - targets: [%q]
-        labels: {node: %q}
-`, rules, exporter, node)), 0o644); err != nil {
+scrape_configs:%s`, rules, scrapeConfigs)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	addr := testproc.FreeAddr(t)
@@ -53,9 +61,9 @@ scrape_configs:
 		"--web.listen-address="+addr, "--log.level=warn")
 	p := &prometheus{url: "http://" + addr}
 	testproc.Eventually(t, 60*time.Second, 200*time.Millisecond, func() string {
-		v, msg := p.query(fmt.Sprintf(`up{job="gpuslice-exporter",node=%q}`, node))
+		v, msg := p.query(upQuery)
 		if msg != "" || v != 1 {
-			return fmt.Sprintf("exporter not scraped yet (up=%v %s)", v, msg)
+			return fmt.Sprintf("not scraped yet (%s = %v %s)", upQuery, v, msg)
 		}
 		return ""
 	})

@@ -234,14 +234,7 @@ func logNVIDIAPods(t *testing.T) {
 
 func setLabel(t *testing.T, value string) {
 	t.Helper()
-	v := "null"
-	if value != "" {
-		v = fmt.Sprintf("%q", value)
-	}
-	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, configLbl, v))
-	if _, err := world.node.Client.CoreV1().Nodes().Patch(context.Background(), world.node.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	labelNode(t, configLbl, value)
 }
 
 // TestNVIDIAConfigManagerLabelFlip: NVIDIA's own plugin and config-manager

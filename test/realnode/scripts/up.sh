@@ -28,6 +28,8 @@
 # Env: RN_DIR (/tmp/gpuslice-realnode: everything but the two fixed paths below),
 #      SCHEDULER (1: also start kube-scheduler and kube-controller-manager
 #      from BIN_DIR when there; 0: not, then set spec.nodeName yourself),
+#      SERVICE_ACCOUNTS (1: ServiceAccount admission on when the
+#      controller-manager runs, so pods get tokens; 0: off, tokenless pods),
 #      NODE_NAME (realnode), API_PORT (16443), ETCD_PORT (12379),
 #      KUBELET_BIN (default BIN_DIR/kubelet),
 #      RN_CACHE (this checkout's .cache/realnode: helper binaries, kept by down.sh),
@@ -230,6 +232,14 @@ if [[ -z "$JOIN" ]]; then
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "realnode=http://127.0.0.1:$ETCD_PEER_PORT" "${etcd_extra[@]}"
+  # ServiceAccount admission (pods get their ServiceAccount's token, as on
+  # every real cluster) needs the controller-manager, which creates each
+  # namespace's default ServiceAccount and its kube-root-ca.crt: without it
+  # (SCHEDULER=0) or with SERVICE_ACCOUNTS=0 it is off and pods run tokenless.
+  sa_admission=(--disable-admission-plugins ServiceAccount)
+  if [[ "${SCHEDULER:-1}" != 0 && "${SERVICE_ACCOUNTS:-1}" != 0 && -x "$BIN_DIR/kube-controller-manager" ]]; then
+    sa_admission=()
+  fi
   start kube-apiserver "$C/apiserver.crt" "$BIN_DIR/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
@@ -239,7 +249,7 @@ if [[ -z "$JOIN" ]]; then
     --service-account-issuer "https://127.0.0.1:$API_PORT/" \
     --service-account-key-file "$C/sa.pub" --service-account-signing-key-file "$C/sa.key" \
     --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-    --disable-admission-plugins ServiceAccount \
+    "${sa_admission[@]}" \
     --endpoint-reconciler-type none --allow-privileged=true
   api() { curl -sf --cacert "$C/ca.crt" --cert "$C/admin.crt" --key "$C/admin.key" "https://127.0.0.1:$API_PORT$1"; }
   wait_for 90 kube-apiserver api /readyz
@@ -255,6 +265,10 @@ if [[ -z "$JOIN" ]]; then
     start kube-scheduler "kube-scheduler --kubeconfig $KCFG" "$BIN_DIR/kube-scheduler" "${auth[@]}" --secure-port 0
     start kube-controller-manager "kube-controller-manager --kubeconfig $KCFG" "$BIN_DIR/kube-controller-manager" "${auth[@]}" --secure-port 0 \
       --service-account-private-key-file "$C/sa.key" --root-ca-file "$C/ca.crt" --use-service-account-credentials=false
+    if ((${#sa_admission[@]} == 0)); then
+      # Until it exists the admission plugin refuses every pod of the namespace.
+      wait_for 60 "ServiceAccount default/default" api /api/v1/namespaces/default/serviceaccounts/default
+    fi
   fi
 else
   KCFG="$JOIN"
