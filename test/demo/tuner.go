@@ -29,7 +29,7 @@ func demoPolicy() policy.Config {
 // second, and applies each decision to the simulated node the way
 // gpuslice-plugin would: the kubelet advertises the new replica count. The
 // real controller also writes a ConfigMap and a node label through the API
-// server; that part runs in the end-to-end test (test/e2e), which has one.
+// server; that part runs on the real node (test/realnode, TestClosedLoop).
 type tunerLoop struct {
 	node       *simnode.Node
 	src        *signals.Exporters
