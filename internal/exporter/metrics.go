@@ -52,55 +52,65 @@ var (
 		"1 when the collector read everything in the last scrape, 0 when part or all of it failed.", []string{"collector"}, nil)
 )
 
-func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
-	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+// emitter sends one scrape's metrics, their label pairs from the cache.
+type emitter struct {
+	ch     chan<- prometheus.Metric
+	series *seriesCache
 }
 
-func emitDevices(ch chan<- prometheus.Metric, s gpu.Snapshot) {
+func (e emitter) gauge(d *prometheus.Desc, v float64, labels ...string) {
+	e.ch <- e.series.metric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func (e emitter) counter(d *prometheus.Desc, v float64, labels ...string) {
+	e.ch <- e.series.metric(d, prometheus.CounterValue, v, labels...)
+}
+
+func emitDevices(em emitter, s gpu.Snapshot) {
 	for _, d := range s.Devices {
 		idx := strconv.Itoa(d.Index)
-		gauge(ch, gpuInfo, 1, idx, d.UUID, d.Name, s.DriverVersion)
-		gauge(ch, gpuMemTotal, float64(d.MemoryTotalBytes), idx, d.UUID)
-		gauge(ch, gpuMemUsed, float64(d.MemoryUsedBytes), idx, d.UUID)
-		gauge(ch, gpuUtil, d.Utilization, idx, d.UUID)
-		gauge(ch, gpuTemp, d.TemperatureCelsius, idx, d.UUID)
-		gauge(ch, gpuPower, d.PowerWatts, idx, d.UUID)
+		em.gauge(gpuInfo, 1, idx, d.UUID, d.Name, s.DriverVersion)
+		em.gauge(gpuMemTotal, float64(d.MemoryTotalBytes), idx, d.UUID)
+		em.gauge(gpuMemUsed, float64(d.MemoryUsedBytes), idx, d.UUID)
+		em.gauge(gpuUtil, d.Utilization, idx, d.UUID)
+		em.gauge(gpuTemp, d.TemperatureCelsius, idx, d.UUID)
+		em.gauge(gpuPower, d.PowerWatts, idx, d.UUID)
 	}
 }
 
-func emitXids(ch chan<- prometheus.Metric, xids []gpu.XidCount) {
+func emitXids(em emitter, xids []gpu.XidCount) {
 	for _, x := range xids {
-		ch <- prometheus.MustNewConstMetric(gpuXid, prometheus.CounterValue, float64(x.Count),
+		em.counter(gpuXid, float64(x.Count),
 			strconv.Itoa(x.Index), x.UUID, strconv.FormatUint(x.Xid, 10))
 	}
 }
 
-func emitAttribution(ch chan<- prometheus.Metric, r attribution.Result, index map[string]string) {
+func emitAttribution(em emitter, r attribution.Result, index map[string]string) {
 	for k, n := range r.Replicas {
-		gauge(ch, gpuReplicas, float64(n), index[k.UUID], k.UUID, k.Resource)
+		em.gauge(gpuReplicas, float64(n), index[k.UUID], k.UUID, k.Resource)
 	}
 	// A GPU with advertised replicas and no allocation reports 0, so the
 	// dashboards can show "0 of 4 used" rather than no data.
 	for k := range r.Replicas {
 		if _, ok := r.Allocated[k]; !ok {
-			gauge(ch, gpuReplicasAllocated, 0, index[k.UUID], k.UUID, k.Resource)
+			em.gauge(gpuReplicasAllocated, 0, index[k.UUID], k.UUID, k.Resource)
 		}
 	}
 	for k, n := range r.Allocated {
-		gauge(ch, gpuReplicasAllocated, float64(n), index[k.UUID], k.UUID, k.Resource)
+		em.gauge(gpuReplicasAllocated, float64(n), index[k.UUID], k.UUID, k.Resource)
 	}
 	for _, h := range r.Holdings {
-		gauge(ch, containerAlloc, float64(h.IDs), h.Namespace, h.Pod, h.Container.Container, index[h.UUID], h.UUID, h.Resource)
+		em.gauge(containerAlloc, float64(h.IDs), h.Namespace, h.Pod, h.Container.Container, index[h.UUID], h.UUID, h.Resource)
 	}
 	for _, u := range r.Usage {
 		idx := strconv.Itoa(u.GPUIndex)
-		gauge(ch, containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
-		gauge(ch, containerProcs, float64(u.Processes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+		em.gauge(containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+		em.gauge(containerProcs, float64(u.Processes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
 		if u.HasSM {
-			gauge(ch, containerUtil, u.SMUtilization, u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+			em.gauge(containerUtil, u.SMUtilization, u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
 		}
 	}
 	for uuid, b := range r.Unattributed {
-		gauge(ch, unattributedMem, float64(b), index[uuid], uuid)
+		em.gauge(unattributedMem, float64(b), index[uuid], uuid)
 	}
 }
