@@ -19,33 +19,39 @@ import (
 // A process's cgroup is set when the runtime starts it, before it can open
 // a GPU, and a container's processes are not moved, so what a PID resolved
 // to holds for as long as the same process has that PID. The reader keeps
-// it keyed by (PID, process start time): a scrape reads the start time (one
-// small read) instead of the cgroup file (a read and a parse), and a PID
-// that the kernel gave to a new process has a new start time, so it is read
-// afresh. A tree without stat files (test fixtures) is read in full each
-// time.
+// it keyed by (PID, process start time), and keeps the process's stat file
+// open: a scrape reads the start time again through that descriptor (one
+// system call instead of an open, a read, a close, and a cgroup file's read
+// and parse). A descriptor of /proc/<pid>/stat stays bound to its process:
+// once the process exits, reading it fails with ESRCH, even after the PID
+// is reused, and the PID is then read afresh by path. A tree without stat
+// files (test fixtures) is read in full each time.
 type procReader struct {
 	root string
 	log  *slog.Logger
 	// warned remembers PIDs whose cgroup file was malformed, so a garbage
 	// file is logged once, not at every scrape.
 	warned map[int]bool
-	// known holds the PIDs of the last scrape whose start time was read.
-	known map[int]procEntry
+	// known holds the PIDs of the last scrape whose stat file is open; one
+	// descriptor per GPU process.
+	known map[int]*procEntry
 	buf   []byte // stat file contents, reused
 }
 
-// procEntry is what the process that started at start resolved to. Only
-// answers that a process keeps for life are cached: in a pod (ref), or not
-// in any pod.
+// procEntry is an open stat file and what the process that started at
+// start resolved to. Only answers that a process keeps for life are kept:
+// in a pod (ref), or not in any pod; after other answers resolved is false
+// and the cgroup file is read again.
 type procEntry struct {
-	start uint64
-	inPod bool
-	ref   attribution.ProcessRef
+	fd       int
+	start    uint64
+	resolved bool
+	inPod    bool
+	ref      attribution.ProcessRef
 }
 
 func newProcReader(root string, log *slog.Logger) *procReader {
-	return &procReader{root: root, log: log, warned: map[int]bool{}, known: map[int]procEntry{}, buf: make([]byte, 1024)}
+	return &procReader{root: root, log: log, warned: map[int]bool{}, known: map[int]*procEntry{}, buf: make([]byte, 1024)}
 }
 
 // read returns the pod of every PID in devs, and the PIDs that vanished.
@@ -55,7 +61,7 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 	refs := map[int]attribution.ProcessRef{}
 	gone := map[int]bool{}
 	if _, err := os.Stat(p.root); err != nil {
-		clear(p.known)
+		p.forget(nil)
 		return refs, gone, fmt.Errorf("procfs %s: %w", p.root, err)
 	}
 	var firstErr error
@@ -66,29 +72,28 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 				continue
 			}
 			seen[proc.PID] = true
-			start, startErr := p.startTime(proc.PID)
-			if e, ok := p.known[proc.PID]; ok && startErr == nil && e.start == start {
+			e := p.entry(proc.PID)
+			if e != nil && e.resolved {
 				if e.inPod {
 					refs[proc.PID] = e.ref
 				}
 				continue
 			}
-			delete(p.known, proc.PID)
 			ref, err := cgroup.ReadPID(p.root, proc.PID)
 			switch {
 			case err == nil:
 				r := attribution.ProcessRef{PodUID: ref.PodUID, ContainerID: ref.ContainerID}
 				refs[proc.PID] = r
 				delete(p.warned, proc.PID)
-				if startErr == nil {
-					p.known[proc.PID] = procEntry{start: start, inPod: true, ref: r}
+				if e != nil {
+					e.resolved, e.inPod, e.ref = true, true, r
 				}
 			case errors.Is(err, cgroup.ErrProcessGone):
 				gone[proc.PID] = true
 			case errors.Is(err, cgroup.ErrNotInPod):
 				// A host process: unattributed.
-				if startErr == nil {
-					p.known[proc.PID] = procEntry{start: start}
+				if e != nil {
+					e.resolved = true
 				}
 			case errors.Is(err, cgroup.ErrMalformed):
 				if !p.warned[proc.PID] {
@@ -107,42 +112,79 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 			delete(p.warned, pid)
 		}
 	}
-	for pid := range p.known {
-		if !seen[pid] {
-			delete(p.known, pid)
-		}
-	}
+	p.forget(seen)
 	return refs, gone, firstErr
 }
 
-// startTime reads the start time of the process that has pid now. It uses
-// plain system calls into a reused buffer: this runs for every GPU process
-// at every scrape, and os.ReadFile costs twice the calls and an allocation.
-func (p *procReader) startTime(pid int) (uint64, error) {
-	path := p.root + "/" + strconv.Itoa(pid) + "/stat"
-	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return 0, err
+// entry returns the open stat file of the process that has pid now, with
+// what it resolved to if it is the process read before; nil when its start
+// time cannot be read.
+func (p *procReader) entry(pid int) *procEntry {
+	if e := p.known[pid]; e != nil {
+		start, err := p.startTime(e.fd)
+		if err == nil && start == e.start {
+			return e
+		}
+		syscall.Close(e.fd)
+		delete(p.known, pid)
 	}
-	defer syscall.Close(fd)
-	n := 0
+	fd, err := syscall.Open(p.root+"/"+strconv.Itoa(pid)+"/stat", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	start, err := p.startTime(fd)
+	if err != nil {
+		syscall.Close(fd)
+		return nil
+	}
+	e := &procEntry{fd: fd, start: start}
+	p.known[pid] = e
+	return e
+}
+
+// forget closes the stat files of PIDs not in keep (all of them for nil).
+func (p *procReader) forget(keep map[int]bool) {
+	for pid, e := range p.known {
+		if !keep[pid] {
+			syscall.Close(e.fd)
+			delete(p.known, pid)
+		}
+	}
+}
+
+// errUnlinked: the stat file was removed, which only happens in a tree
+// standing in for /proc; there it means the process is gone.
+var errUnlinked = errors.New("stat file removed")
+
+// startTime reads the start time from an open stat file, with plain
+// system calls into a reused buffer: this runs for every GPU process at
+// every scrape.
+func (p *procReader) startTime(fd int) (uint64, error) {
 	for {
-		m, err := syscall.Read(fd, p.buf[n:])
+		n, err := syscall.Pread(fd, p.buf, 0)
 		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil {
 			return 0, err
 		}
-		if m == 0 {
-			break
+		if n == len(p.buf) { // perhaps cut short: read it again, whole
+			p.buf = make([]byte, 2*len(p.buf))
+			continue
 		}
-		n += m
-		if n == len(p.buf) {
-			p.buf = append(p.buf, make([]byte, len(p.buf))...)
+		start, err := parseStartTime(p.buf[:n])
+		if err != nil {
+			return 0, err
 		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil {
+			return 0, err
+		}
+		if st.Nlink == 0 {
+			return 0, errUnlinked
+		}
+		return start, nil
 	}
-	return parseStartTime(p.buf[:n])
 }
 
 // parseStartTime returns field 22 of a /proc/<pid>/stat line, the time the

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -111,5 +112,49 @@ func TestProcReaderCache(t *testing.T) {
 	}
 	if len(p.known) != 0 {
 		t.Fatalf("exited process still cached: %v", p.known)
+	}
+}
+
+// TestProcReaderRealProc checks what the cache relies on against the
+// kernel: a held /proc/<pid>/stat stops reading once its process exits, so
+// an exited process is reported gone, not served from the cache, and its
+// descriptor is closed.
+func TestProcReaderRealProc(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc here")
+	}
+	fds := func() int {
+		t.Helper()
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skip("cannot start a process:", err)
+	}
+	pid := cmd.Process.Pid
+	devs := []gpu.Device{{UUID: "GPU-x", Processes: []gpu.Process{{PID: pid}}}}
+	p := newProcReader("/proc", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for i := 0; i < 2; i++ {
+		if _, gone, err := p.read(devs); err != nil || gone[pid] {
+			t.Fatalf("running process: gone %v, err %v", gone, err)
+		}
+		if p.known[pid] == nil || !p.known[pid].resolved {
+			t.Fatalf("read %d: running process not cached: %+v", i, p.known[pid])
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if _, gone, err := p.read(devs); err != nil || !gone[pid] {
+		t.Fatalf("exited process: gone %v, err %v", gone, err)
+	}
+	if len(p.known) != 0 || fds() != before {
+		t.Fatalf("exited process still held: %v; %d descriptors open, %d before", p.known, fds(), before)
 	}
 }
