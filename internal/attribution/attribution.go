@@ -11,7 +11,9 @@
 package attribution
 
 import (
-	"sort"
+	"cmp"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -140,9 +142,7 @@ func Join(in Input) Result {
 	for _, h := range holdings {
 		res.Holdings = append(res.Holdings, *h)
 	}
-	sort.Slice(res.Holdings, func(i, j int) bool {
-		return less(res.Holdings[i].UUID, res.Holdings[i].Container, res.Holdings[j].UUID, res.Holdings[j].Container)
-	})
+	slices.SortFunc(res.Holdings, func(a, b Holding) int { return compare(a.UUID, a.Container, b.UUID, b.Container) })
 
 	for _, a := range in.Allocatable {
 		for _, raw := range a.DeviceIDs {
@@ -188,9 +188,7 @@ func Join(in Input) Result {
 		}
 		res.Usage = append(res.Usage, *u)
 	}
-	sort.Slice(res.Usage, func(i, j int) bool {
-		return less(res.Usage[i].UUID, res.Usage[i].Container, res.Usage[j].UUID, res.Usage[j].Container)
-	})
+	slices.SortFunc(res.Usage, func(a, b Usage) int { return compare(a.UUID, a.Container, b.UUID, b.Container) })
 	return res
 }
 
@@ -230,15 +228,10 @@ func onlyContainer(p *corev1.Pod) (string, bool) {
 	return "", false
 }
 
-func less(u1 string, c1 Container, u2 string, c2 Container) bool {
-	if u1 != u2 {
-		return u1 < u2
-	}
-	if c1.Namespace != c2.Namespace {
-		return c1.Namespace < c2.Namespace
-	}
-	if c1.Pod != c2.Pod {
-		return c1.Pod < c2.Pod
-	}
-	return c1.Container < c2.Container
+// compare orders by GPU, then namespace, pod and container. (slices.SortFunc
+// rather than sort.Slice: this runs at every scrape over every container and
+// GPU, and sort.Slice swaps through reflection.)
+func compare(u1 string, c1 Container, u2 string, c2 Container) int {
+	return cmp.Or(strings.Compare(u1, u2), strings.Compare(c1.Namespace, c2.Namespace),
+		strings.Compare(c1.Pod, c2.Pod), strings.Compare(c1.Container, c2.Container))
 }

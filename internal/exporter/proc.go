@@ -36,7 +36,13 @@ type procReader struct {
 	// descriptor per GPU process.
 	known map[int]*procEntry
 	buf   []byte // stat file contents, reused
+	// isProc: root is a real procfs, where a held stat file of an exited
+	// process fails to read; other trees (fixtures) need a link count check.
+	isProc bool
 }
+
+// procSuperMagic is procfs's f_type (linux/magic.h).
+const procSuperMagic = 0x9fa0
 
 // procEntry is an open stat file and what the process that started at
 // start resolved to. Only answers that a process keeps for life are kept:
@@ -60,10 +66,12 @@ func newProcReader(root string, log *slog.Logger) *procReader {
 func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, map[int]bool, error) {
 	refs := map[int]attribution.ProcessRef{}
 	gone := map[int]bool{}
-	if _, err := os.Stat(p.root); err != nil {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(p.root, &fs); err != nil {
 		p.forget(nil)
-		return refs, gone, fmt.Errorf("procfs %s: %w", p.root, err)
+		return refs, gone, fmt.Errorf("procfs %s: %w", p.root, &os.PathError{Op: "statfs", Path: p.root, Err: err})
 	}
+	p.isProc = fs.Type == procSuperMagic
 	var firstErr error
 	seen := map[int]bool{}
 	for _, d := range devs {
@@ -175,6 +183,9 @@ func (p *procReader) startTime(fd int) (uint64, error) {
 		start, err := parseStartTime(p.buf[:n])
 		if err != nil {
 			return 0, err
+		}
+		if p.isProc {
+			return start, nil
 		}
 		var st syscall.Stat_t
 		if err := syscall.Fstat(fd, &st); err != nil {
