@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -36,6 +37,9 @@ func bigExporter(b *testing.B, s simnode.Scale) *Exporter {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { client.Close() })
+	if err := n.Age(time.Hour); err != nil {
+		b.Fatal(err)
+	}
 	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
 	if err != nil {
 		b.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -428,6 +429,20 @@ func (n *Node) AppendLogAt(at time.Time, p *Pod, c *Container, lines ...string) 
 	}
 	_, err = f.WriteString(b.String())
 	return err
+}
+
+// Age makes the node look as if its log directories had last changed d
+// ago, as on a node that has run a while, for benchmarks of its steady
+// state: readers that trust a directory listing only once the directory
+// has been still for a moment would otherwise list at every scrape.
+func (n *Node) Age(d time.Duration) error {
+	then := time.Now().Add(-d)
+	return filepath.WalkDir(n.PodLogs(), func(path string, e fs.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			err = os.Chtimes(path, then, then)
+		}
+		return err
+	})
 }
 
 // Pod finds a pod by namespace and name.

@@ -104,6 +104,9 @@ func run(o options) error {
 	if err := node.Start(ctx); err != nil {
 		return fmt.Errorf("simulated node: %w", err)
 	}
+	if err := node.Age(time.Hour); err != nil {
+		return fmt.Errorf("simulated node: %w", err)
+	}
 
 	neAddr, err := freeAddr()
 	if err != nil {
