@@ -49,7 +49,9 @@ func bigExporter(b *testing.B, s simnode.Scale) *Exporter {
 	for i := range list {
 		ptrs[i] = &list[i]
 	}
-	return New(Config{GPU: sim.New(n.SimFile()), Kubelet: client, Pods: pods.NewStatic(ptrs), Procfs: n.Procfs(), OOM: det})
+	e := New(Config{GPU: sim.New(n.SimFile()), Kubelet: client, Pods: pods.NewStatic(ptrs), Procfs: n.Procfs(), OOM: det})
+	b.Cleanup(func() { e.Close() })
+	return e
 }
 
 func BenchmarkCollect(b *testing.B) {

@@ -133,6 +133,16 @@ func New(cfg Config) *Exporter {
 	return e
 }
 
+// Close releases the files the exporter keeps open between scrapes (the
+// stat files of GPU processes). The exporter may collect again after it,
+// reopening them.
+func (e *Exporter) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.proc.forget(nil)
+	return nil
+}
+
 // Describe sends nothing: the exporter is an unchecked collector, since
 // which series exist depends on the node.
 func (e *Exporter) Describe(chan<- *prometheus.Desc) {}

@@ -32,10 +32,14 @@ type procReader struct {
 	// warned remembers PIDs whose cgroup file was malformed, so a garbage
 	// file is logged once, not at every scrape.
 	warned map[int]bool
-	// known holds the PIDs of the last scrape whose stat file is open; one
-	// descriptor per GPU process.
+	// known holds the PIDs of the last scrape whose start time was read.
 	known map[int]*procEntry
-	buf   []byte // stat file contents, reused
+	// held counts the entries whose stat file is kept open, at most
+	// maxHeld: one descriptor per GPU process must not exhaust the
+	// process's limit on a node with thousands of them; the rest are read
+	// by path.
+	held, maxHeld int
+	buf           []byte // stat file contents, reused
 	// isProc: root is a real procfs, where a held stat file of an exited
 	// process fails to read; other trees (fixtures) need a link count check.
 	isProc bool
@@ -44,8 +48,8 @@ type procReader struct {
 // procSuperMagic is procfs's f_type (linux/magic.h).
 const procSuperMagic = 0x9fa0
 
-// procEntry is an open stat file and what the process that started at
-// start resolved to. Only answers that a process keeps for life are kept:
+// procEntry is a process's stat file (fd, or -1 when it is read by path)
+// and what the process that started at start resolved to. Only answers that a process keeps for life are kept:
 // in a pod (ref), or not in any pod; after other answers resolved is false
 // and the cgroup file is read again.
 type procEntry struct {
@@ -57,7 +61,19 @@ type procEntry struct {
 }
 
 func newProcReader(root string, log *slog.Logger) *procReader {
-	return &procReader{root: root, log: log, warned: map[int]bool{}, known: map[int]*procEntry{}, buf: make([]byte, 1024)}
+	return &procReader{root: root, log: log, warned: map[int]bool{}, known: map[int]*procEntry{},
+		maxHeld: maxHeldFiles(), buf: make([]byte, 1024)}
+}
+
+// maxHeldFiles is how many stat files a reader keeps open: a quarter of
+// the open file limit (which Go raises to the hard limit at start), at most
+// 4096, leaving the rest to sockets, logs and the other sources.
+func maxHeldFiles() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0
+	}
+	return int(min(lim.Cur/4, 4096))
 }
 
 // read returns the pod of every PID in devs, and the PIDs that vanished.
@@ -128,34 +144,60 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 // what it resolved to if it is the process read before; nil when its start
 // time cannot be read.
 func (p *procReader) entry(pid int) *procEntry {
-	if e := p.known[pid]; e != nil {
-		start, err := p.startTime(e.fd)
-		if err == nil && start == e.start {
+	e := p.known[pid]
+	if e != nil && e.fd >= 0 {
+		if start, err := p.startTime(e.fd); err == nil && start == e.start {
 			return e
 		}
-		syscall.Close(e.fd)
-		delete(p.known, pid)
 	}
 	fd, err := syscall.Open(p.root+"/"+strconv.Itoa(pid)+"/stat", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
+		p.drop(pid)
 		return nil
 	}
 	start, err := p.startTime(fd)
-	if err != nil {
+	switch {
+	case err != nil:
 		syscall.Close(fd)
+		p.drop(pid)
 		return nil
+	case e != nil && e.fd < 0 && start == e.start: // the same process, read by path
+		if p.held < p.maxHeld {
+			e.fd = fd
+			p.held++
+		} else {
+			syscall.Close(fd)
+		}
+		return e
 	}
-	e := &procEntry{fd: fd, start: start}
+	p.drop(pid)
+	e = &procEntry{fd: fd, start: start}
+	if p.held < p.maxHeld {
+		p.held++
+	} else {
+		syscall.Close(fd)
+		e.fd = -1
+	}
 	p.known[pid] = e
 	return e
 }
 
-// forget closes the stat files of PIDs not in keep (all of them for nil).
-func (p *procReader) forget(keep map[int]bool) {
-	for pid, e := range p.known {
-		if !keep[pid] {
+// drop forgets pid, closing its stat file.
+func (p *procReader) drop(pid int) {
+	if e := p.known[pid]; e != nil {
+		if e.fd >= 0 {
 			syscall.Close(e.fd)
-			delete(p.known, pid)
+			p.held--
+		}
+		delete(p.known, pid)
+	}
+}
+
+// forget forgets the PIDs not in keep (all of them for nil).
+func (p *procReader) forget(keep map[int]bool) {
+	for pid := range p.known {
+		if !keep[pid] {
+			p.drop(pid)
 		}
 	}
 }

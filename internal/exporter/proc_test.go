@@ -158,3 +158,67 @@ func TestProcReaderRealProc(t *testing.T) {
 		t.Fatalf("exited process still held: %v; %d descriptors open, %d before", p.known, fds(), before)
 	}
 }
+
+// TestProcReaderHoldsAtMost: past its limit of open stat files the reader
+// reads start times by path, with the same answers, and it closes every
+// file it forgets.
+func TestProcReaderHoldsAtMost(t *testing.T) {
+	root := t.TempDir()
+	pids := []int{101, 102, 103}
+	setProc := func(pid, start int, uid string) {
+		t.Helper()
+		dir := filepath.Join(root, strconv.Itoa(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cg := "0::/kubepods.slice/kubepods-pod" + uid + ".slice/cri-containerd-" + fmt.Sprintf("%064d", pid) + ".scope\n"
+		st := fmt.Sprintf("%d (python3) S 1 %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n", pid, pid, pid, start)
+		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(st), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const uidA, uidB = "0a1b2c3d_0000_4000_8000_00000000000a", "0a1b2c3d_0000_4000_8000_00000000000b"
+	for _, pid := range pids {
+		setProc(pid, 100, uidA)
+	}
+	var devs []gpu.Device
+	for _, pid := range pids {
+		devs = append(devs, gpu.Device{UUID: "GPU-x", Processes: []gpu.Process{{PID: pid}}})
+	}
+	p := newProcReader(root, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p.maxHeld = 1
+	check := func(want string) {
+		t.Helper()
+		refs, _, err := p.read(devs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pid := range pids {
+			if refs[pid].PodUID != want {
+				t.Fatalf("pid %d in pod %q, want %q", pid, refs[pid].PodUID, want)
+			}
+		}
+		held := 0
+		for _, e := range p.known {
+			if e.fd >= 0 {
+				held++
+			}
+		}
+		if held != p.held || held > 1 || len(p.known) != len(pids) {
+			t.Fatalf("%d files held (counted %d), %d PIDs known", held, p.held, len(p.known))
+		}
+	}
+	check("0a1b2c3d-0000-4000-8000-00000000000a")
+	check("0a1b2c3d-0000-4000-8000-00000000000a")
+	for _, pid := range pids { // every PID given to a new process
+		setProc(pid, 200, uidB)
+	}
+	check("0a1b2c3d-0000-4000-8000-00000000000b")
+	p.forget(nil)
+	if p.held != 0 || len(p.known) != 0 {
+		t.Fatalf("after forget: %d held, %d known", p.held, len(p.known))
+	}
+}
