@@ -69,26 +69,31 @@ func (c *seriesCache) endScrape() {
 	c.gen++
 }
 
-// cachedMetric is a const metric with label pairs built before.
+// cachedMetric is a const metric with label pairs built before. Its value
+// and the message holding it live inside it, so a series costs one
+// allocation here instead of three.
 type cachedMetric struct {
-	desc   *prometheus.Desc
-	labels []*dto.LabelPair
-	typ    prometheus.ValueType
-	value  float64
+	desc    *prometheus.Desc
+	labels  []*dto.LabelPair
+	typ     prometheus.ValueType
+	value   float64
+	gauge   dto.Gauge
+	counter dto.Counter
 }
 
 func (m *cachedMetric) Desc() *prometheus.Desc { return m.desc }
 
 func (m *cachedMetric) Write(out *dto.Metric) error {
 	out.Label = m.labels
-	v := m.value
 	switch m.typ {
 	case prometheus.CounterValue:
-		out.Counter = &dto.Counter{Value: &v}
+		m.counter.Value = &m.value
+		out.Counter = &m.counter
 	case prometheus.GaugeValue:
-		out.Gauge = &dto.Gauge{Value: &v}
-	default:
-		out.Untyped = &dto.Untyped{Value: &v}
+		m.gauge.Value = &m.value
+		out.Gauge = &m.gauge
+	default: // not sent by the exporter
+		out.Untyped = &dto.Untyped{Value: &m.value}
 	}
 	return nil
 }
