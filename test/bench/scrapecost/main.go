@@ -34,6 +34,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpuslice/gpuslice/internal/gpu/sim"
 	"github.com/gpuslice/gpuslice/test/simnode"
 )
@@ -86,7 +88,7 @@ func run(o options) error {
 		return fmt.Errorf("need -scrapes >= -rounds >= 1 and -warmup >= 0 (got %d, %d, %d)", o.scrapes, o.rounds, o.warmup)
 	}
 	for _, bin := range []string{o.exporter, o.nodeExporter} {
-		if _, err := os.Stat(bin); err != nil {
+		if err := evict(bin); err != nil {
 			return fmt.Errorf("binary: %w", err)
 		}
 	}
@@ -206,6 +208,23 @@ func run(o options) error {
 		if fi, err := os.Stat(t.cmd.Path); err == nil {
 			fmt.Printf("binary %s: %.1f MiB\n", t.name, float64(fi.Size())/(1<<20))
 		}
+	}
+	return nil
+}
+
+// evict drops a binary's pages from the page cache, so that both programs
+// start as on a node that has not run them yet: a file just written (a
+// fresh build) sits in the cache in large folios that are mapped whole at
+// the first touch, and RssFile would then show the whole binary instead of
+// the pages the program uses.
+func evict(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		return fmt.Errorf("%s: dropping its cached pages: %w", path, err)
 	}
 	return nil
 }
