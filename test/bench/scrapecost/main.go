@@ -223,6 +223,10 @@ func evict(path string) error {
 		return err
 	}
 	defer f.Close()
+	// Dirty pages are not dropped: write a fresh build back first.
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 		return fmt.Errorf("%s: dropping its cached pages: %w", path, err)
 	}
