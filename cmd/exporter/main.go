@@ -169,11 +169,11 @@ func run(ctx context.Context, args []string) error {
 func podSource(ctx context.Context, o *options, log *slog.Logger) (pods.Source, error) {
 	switch o.podsSource {
 	case "apiserver":
-		_, client, err := kube.Client(o.kubeconfig, "gpuslice-exporter")
+		cfg, err := kube.Config(o.kubeconfig, "gpuslice-exporter")
 		if err != nil {
 			return nil, fmt.Errorf("--pods.source=apiserver: %w", err)
 		}
-		inf, err := pods.NewInformer(client, o.nodeName, 0)
+		inf, err := pods.NewInformer(cfg, o.nodeName, 0)
 		if err != nil {
 			return nil, err
 		}

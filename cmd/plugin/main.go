@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/internal/flagenv"
@@ -170,9 +171,13 @@ func configSource(o *options) (plugin.Source, error) {
 		if o.nodeName == "" {
 			return nil, errors.New("--config.source=kubernetes needs --node-name (or NODE_NAME)")
 		}
-		_, client, err := kube.Client(o.kubeconfig, "gpuslice-plugin")
+		cfg, err := kube.Config(o.kubeconfig, "gpuslice-plugin")
 		if err != nil {
 			return nil, fmt.Errorf("--config.source=kubernetes: %w", err)
+		}
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("--config.source=kubernetes: kubernetes client: %w", err)
 		}
 		return &plugin.KubeSource{Client: client, Namespace: ns, Name: name, NodeName: o.nodeName, DefaultKey: o.defaultKey}, nil
 	default:

@@ -11,7 +11,9 @@
 package attribution
 
 import (
-	"sort"
+	"cmp"
+	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -140,12 +142,7 @@ func Join(in Input) Result {
 			}
 		}
 	}
-	for _, h := range holdings {
-		res.Holdings = append(res.Holdings, *h)
-	}
-	sort.Slice(res.Holdings, func(i, j int) bool {
-		return less(res.Holdings[i].UUID, res.Holdings[i].Container, res.Holdings[j].UUID, res.Holdings[j].Container)
-	})
+	res.Holdings = sorted(holdings, func(a, b *Holding) int { return compare(a.UUID, a.Container, b.UUID, b.Container) })
 
 	for _, a := range in.Allocatable {
 		for _, raw := range a.DeviceIDs {
@@ -157,7 +154,11 @@ func Join(in Input) Result {
 		}
 	}
 
-	usage := map[usageKey]*Usage{}
+	procs := 0
+	for _, d := range in.Devices {
+		procs += len(d.Processes)
+	}
+	usage := make(map[usageKey]*Usage, procs)
 	for _, d := range in.Devices {
 		for _, p := range d.Processes {
 			c, ok := Container{}, false
@@ -189,12 +190,28 @@ func Join(in Input) Result {
 		if u.SMUtilization > 1 {
 			u.SMUtilization = 1
 		}
-		res.Usage = append(res.Usage, *u)
 	}
-	sort.Slice(res.Usage, func(i, j int) bool {
-		return less(res.Usage[i].UUID, res.Usage[i].Container, res.Usage[j].UUID, res.Usage[j].Container)
-	})
+	res.Usage = sorted(usage, func(a, b *Usage) int { return compare(a.UUID, a.Container, b.UUID, b.Container) })
 	return res
+}
+
+// sorted returns the values of m in the order of cmp. It sorts pointers
+// and copies each value once: the values are large, and this runs at every
+// scrape over every container and GPU.
+func sorted[K comparable, V any](m map[K]*V, cmp func(a, b *V) int) []V {
+	if len(m) == 0 {
+		return nil
+	}
+	ptrs := make([]*V, 0, len(m))
+	for _, v := range m {
+		ptrs = append(ptrs, v)
+	}
+	slices.SortFunc(ptrs, cmp)
+	out := make([]V, len(ptrs))
+	for i, v := range ptrs {
+		out[i] = *v
+	}
+	return out
 }
 
 type podGPU struct{ ns, pod, uuid string }
@@ -233,15 +250,8 @@ func onlyContainer(p *corev1.Pod) (string, bool) {
 	return "", false
 }
 
-func less(u1 string, c1 Container, u2 string, c2 Container) bool {
-	if u1 != u2 {
-		return u1 < u2
-	}
-	if c1.Namespace != c2.Namespace {
-		return c1.Namespace < c2.Namespace
-	}
-	if c1.Pod != c2.Pod {
-		return c1.Pod < c2.Pod
-	}
-	return c1.Container < c2.Container
+// compare orders by GPU, then namespace, pod and container.
+func compare(u1 string, c1 Container, u2 string, c2 Container) int {
+	return cmp.Or(strings.Compare(u1, u2), strings.Compare(c1.Namespace, c2.Namespace),
+		strings.Compare(c1.Pod, c2.Pod), strings.Compare(c1.Container, c2.Container))
 }

@@ -1,10 +1,15 @@
 package exporter
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpuslice/gpuslice/internal/gpu/sim"
@@ -14,13 +19,16 @@ import (
 	"github.com/gpuslice/gpuslice/test/simnode"
 )
 
-func BenchmarkCollect(b *testing.B) {
-	n, err := simnode.Big(b.TempDir())
+// bigExporter is an Exporter on the big simulated node multiplied by s,
+// with every source on.
+func bigExporter(b *testing.B, s simnode.Scale) *Exporter {
+	b.Helper()
+	n, err := simnode.BigScaled(b.TempDir(), s)
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	b.Cleanup(cancel)
 	if err := n.Start(ctx); err != nil {
 		b.Fatal(err)
 	}
@@ -28,7 +36,10 @@ func BenchmarkCollect(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer client.Close()
+	b.Cleanup(func() { client.Close() })
+	if err := n.Age(time.Hour); err != nil {
+		b.Fatal(err)
+	}
 	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
 	if err != nil {
 		b.Fatal(err)
@@ -39,6 +50,12 @@ func BenchmarkCollect(b *testing.B) {
 		ptrs[i] = &list[i]
 	}
 	e := New(Config{GPU: sim.New(n.SimFile()), Kubelet: client, Pods: pods.NewStatic(ptrs), Procfs: n.Procfs(), OOM: det})
+	b.Cleanup(func() { e.Close() })
+	return e
+}
+
+func BenchmarkCollect(b *testing.B) {
+	e := bigExporter(b, simnode.Scale{})
 	ch := make(chan prometheus.Metric, 4096)
 	collect := func() int {
 		go func() { e.Collect(ch); close(ch) }()
@@ -59,5 +76,37 @@ func BenchmarkCollect(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		collect()
+	}
+}
+
+// BenchmarkScrape is a whole scrape as Prometheus makes it (collect,
+// gather, text encoding) on the big node multiplied by processes (with
+// their pods) and by replicas per GPU. The cost should grow with the
+// processes and stay flat with the replicas; ns/process shows the first.
+func BenchmarkScrape(b *testing.B) {
+	for _, s := range []simnode.Scale{{Processes: 1, Replicas: 1}, {Processes: 2, Replicas: 1}, {Processes: 4, Replicas: 1}, {Processes: 1, Replicas: 2}, {Processes: 1, Replicas: 4}} {
+		b.Run(fmt.Sprintf("procs=%dx/replicas=%dx", s.Processes, s.Replicas), func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(bigExporter(b, s))
+			h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError})
+			scrape := func() *httptest.ResponseRecorder {
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+				return w
+			}
+			w := scrape()
+			if w.Code != 200 || !bytes.Contains(w.Body.Bytes(), []byte("gpuslice_container_gpu_memory_used_bytes{")) {
+				b.Fatalf("scrape: %d\n%.2000s", w.Code, w.Body.String())
+			}
+			lines := bytes.Count(w.Body.Bytes(), []byte("\n"))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				scrape()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(lines), "lines")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(512*s.Processes), "ns/process")
+		})
 	}
 }

@@ -69,19 +69,40 @@ type Exporter struct {
 	// mu serializes scrapes: the OOM detector and the counters below are
 	// not safe for concurrent scrapes, and two Prometheus servers scraping
 	// at once gain nothing from parallel NVML calls.
-	mu   sync.Mutex
-	proc *procReader
-	ooms *oomCounter
+	mu     sync.Mutex
+	proc   *procReader
+	ooms   *oomCounter
+	series *seriesCache
 	// index is every UUID → gpu label seen so far. A scrape whose GPU
 	// reading fails still labels allocation and OOM series with the GPU's
 	// index: relabelling them gpu="" would start new series, and a counter
 	// series that appears already above zero fires the OOM alert.
 	index map[string]string
+	// inputs are read in order, then joined; outputs need the join.
+	inputs, outputs []source
 	// health judges /healthz from the GPU readings (its own lock).
 	health *health
 	// gpuResources are the resource names the kubelet has listed GPU
 	// devices for (RunOOMWatch watches containers asking for them).
 	gpuResources map[string]bool
+}
+
+// source is one thing a scrape reads, timed and reported the same way for
+// all (node_exporter's execute): collect fills the scrape's inputs, sends
+// the metrics that need nothing else, and returns false when part or all
+// of the source failed.
+type source struct {
+	name    string
+	collect func(sc *scrape) bool
+}
+
+// scrape is what one Collect has read so far.
+type scrape struct {
+	ctx   context.Context
+	em    emitter
+	in    attribution.Input
+	index map[string]string
+	res   attribution.Result
 }
 
 // New builds an Exporter.
@@ -98,16 +119,39 @@ func New(cfg Config) *Exporter {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Exporter{
+	e := &Exporter{
 		cfg:    cfg,
 		log:    cfg.Logger,
 		proc:   newProcReader(cfg.Procfs, cfg.Logger),
 		ooms:   newOOMCounter(),
+		series: newSeriesCache(),
 		index:  map[string]string{},
 		health: &health{max: cfg.MaxGPUFailures},
 
 		gpuResources: map[string]bool{},
 	}
+	e.inputs = append(e.inputs, source{CollectorGPU, e.collectGPU})
+	if cfg.Kubelet != nil {
+		e.inputs = append(e.inputs, source{CollectorPodResources, e.collectPodResources})
+	}
+	if cfg.Pods != nil {
+		e.inputs = append(e.inputs, source{CollectorPods, e.collectPods})
+	}
+	e.inputs = append(e.inputs, source{CollectorProcfs, e.collectProcfs})
+	if cfg.OOM != nil {
+		e.outputs = append(e.outputs, source{CollectorOOM, e.collectOOM})
+	}
+	return e
+}
+
+// Close releases the files the exporter keeps open between scrapes (the
+// stat files of GPU processes). The exporter may collect again after it,
+// reopening them.
+func (e *Exporter) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.proc.forget(nil)
+	return nil
 }
 
 // Describe sends nothing: the exporter is an unchecked collector, since
@@ -120,77 +164,93 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	defer e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
+	sc := &scrape{ctx: ctx, em: emitter{ch: ch, series: e.series}, index: e.index}
+	sc.in.Pods = e.cfg.Pods
+	for _, s := range e.inputs {
+		e.execute(sc, s)
+	}
+	sc.res = attribution.Join(sc.in)
+	emitAttribution(sc.em, sc.res, sc.index)
+	for _, s := range e.outputs {
+		e.execute(sc, s)
+	}
+	e.series.endScrape()
+}
 
-	var in attribution.Input
-	in.Pods = e.cfg.Pods
-
-	// GPUs.
+func (e *Exporter) execute(sc *scrape, s source) {
 	start := time.Now()
-	snap, err := e.cfg.GPU.Snapshot(ctx)
+	ok := s.collect(sc)
+	sc.em.gauge(collectDuration, time.Since(start).Seconds(), s.name)
+	v := 0.0
+	if ok {
+		v = 1
+	}
+	sc.em.gauge(collectSuccess, v, s.name)
+}
+
+// collectGPU reads the GPUs.
+func (e *Exporter) collectGPU(sc *scrape) bool {
+	snap, err := e.cfg.GPU.Snapshot(sc.ctx)
 	e.health.recordSnapshot(snap, err)
-	ok := err == nil && len(snap.Failed) == 0
 	if err != nil {
 		e.log.Warn("reading GPUs", "err", err)
 	}
 	for _, f := range snap.Failed {
 		e.log.Warn("reading GPU", "gpu", f.Index, "uuid", f.UUID, "err", f.Err)
 	}
-	in.Devices = snap.Devices
-	index := e.updateIndex(snap)
-	emitDevices(ch, snap)
-	emitXids(ch, snap.Devices, e.cfg.GPU.Xids())
-	report(ch, CollectorGPU, start, ok)
+	sc.in.Devices = snap.Devices
+	e.updateIndex(snap)
+	emitDevices(sc.em, snap)
+	emitXids(sc.em, snap.Devices, e.cfg.GPU.Xids())
+	return err == nil && len(snap.Failed) == 0
+}
 
-	// Kubelet allocations.
-	if e.cfg.Kubelet != nil {
-		start = time.Now()
-		allocs, errList := e.cfg.Kubelet.List(ctx)
-		allocatable, errAlloc := e.cfg.Kubelet.Allocatable(ctx)
-		if errList != nil {
-			e.log.Warn("listing pod resources", "err", errList)
-		}
-		if errAlloc != nil {
-			e.log.Warn("reading allocatable resources", "err", errAlloc)
-		}
-		in.Allocations = allocs
-		in.Allocatable = allocatable
-		report(ch, CollectorPodResources, start, errList == nil && errAlloc == nil)
+// collectPodResources reads the kubelet's allocations.
+func (e *Exporter) collectPodResources(sc *scrape) bool {
+	allocs, errList := e.cfg.Kubelet.List(sc.ctx)
+	allocatable, errAlloc := e.cfg.Kubelet.Allocatable(sc.ctx)
+	if errList != nil {
+		e.log.Warn("listing pod resources", "err", errList)
 	}
-
-	// Pod list (read from the source's cache: no I/O here).
-	if e.cfg.Pods != nil {
-		start = time.Now()
-		perr := e.cfg.Pods.Err()
-		if perr != nil {
-			e.log.Warn("pod source", "err", perr)
-		}
-		report(ch, CollectorPods, start, perr == nil)
+	if errAlloc != nil {
+		e.log.Warn("reading allocatable resources", "err", errAlloc)
 	}
+	sc.in.Allocations = allocs
+	sc.in.Allocatable = allocatable
+	return errList == nil && errAlloc == nil
+}
 
-	// /proc: which pod each GPU process is in.
-	start = time.Now()
-	refs, gone, perr := e.proc.read(snap.Devices)
-	in.Refs, in.Gone = refs, gone
-	report(ch, CollectorProcfs, start, perr == nil)
-
-	res := attribution.Join(in)
-	emitAttribution(ch, res, index)
-
-	if e.cfg.OOM != nil {
-		start = time.Now()
-		err := e.ooms.scan(e.cfg.OOM, res, e.cfg.Pods, e.cfg.Now())
-		if err != nil {
-			e.log.Warn("scanning for GPU OOM events", "err", err)
-		}
-		e.ooms.emit(ch, index)
-		report(ch, CollectorOOM, start, err == nil)
+// collectPods reports the pod list's health; the list itself is read from
+// the source's cache by the join (no I/O here).
+func (e *Exporter) collectPods(*scrape) bool {
+	err := e.cfg.Pods.Err()
+	if err != nil {
+		e.log.Warn("pod source", "err", err)
 	}
+	return err == nil
+}
+
+// collectProcfs finds which pod each GPU process is in.
+func (e *Exporter) collectProcfs(sc *scrape) bool {
+	refs, gone, err := e.proc.read(sc.in.Devices)
+	sc.in.Refs, sc.in.Gone = refs, gone
+	return err == nil
+}
+
+// collectOOM scans the joined containers for GPU OOM events.
+func (e *Exporter) collectOOM(sc *scrape) bool {
+	err := e.ooms.scan(e.cfg.OOM, sc.res, e.cfg.Pods, e.cfg.Now())
+	if err != nil {
+		e.log.Warn("scanning for GPU OOM events", "err", err)
+	}
+	e.ooms.emit(sc.em, sc.index)
+	return err == nil
 }
 
 // updateIndex records the gpu label (the NVML index) of every GPU in the
-// snapshot, failed ones included, and returns the map of all GPUs seen. A
-// node's GPUs are few, so nothing is ever dropped.
-func (e *Exporter) updateIndex(s gpu.Snapshot) map[string]string {
+// snapshot, failed ones included. A node's GPUs are few, so nothing is
+// ever dropped.
+func (e *Exporter) updateIndex(s gpu.Snapshot) {
 	for _, d := range s.Devices {
 		e.index[d.UUID] = strconv.Itoa(d.Index)
 	}
@@ -199,14 +259,4 @@ func (e *Exporter) updateIndex(s gpu.Snapshot) map[string]string {
 			e.index[f.UUID] = strconv.Itoa(f.Index)
 		}
 	}
-	return e.index
-}
-
-func report(ch chan<- prometheus.Metric, collector string, start time.Time, ok bool) {
-	ch <- prometheus.MustNewConstMetric(collectDuration, prometheus.GaugeValue, time.Since(start).Seconds(), collector)
-	v := 0.0
-	if ok {
-		v = 1
-	}
-	ch <- prometheus.MustNewConstMetric(collectSuccess, prometheus.GaugeValue, v, collector)
 }

@@ -1,7 +1,10 @@
 package exporter
 
 import (
+	"cmp"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -52,26 +55,36 @@ var (
 		"1 when the collector read everything in the last scrape, 0 when part or all of it failed.", []string{"collector"}, nil)
 )
 
-func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
-	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+// emitter sends one scrape's metrics, their label pairs from the cache.
+type emitter struct {
+	ch     chan<- prometheus.Metric
+	series *seriesCache
 }
 
-func emitDevices(ch chan<- prometheus.Metric, s gpu.Snapshot) {
+func (e emitter) gauge(d *prometheus.Desc, v float64, labels ...string) {
+	e.ch <- e.series.metric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func (e emitter) counter(d *prometheus.Desc, v float64, labels ...string) {
+	e.ch <- e.series.metric(d, prometheus.CounterValue, v, labels...)
+}
+
+func emitDevices(em emitter, s gpu.Snapshot) {
 	for _, d := range s.Devices {
 		idx := strconv.Itoa(d.Index)
-		gauge(ch, gpuInfo, 1, idx, d.UUID, d.Name, s.DriverVersion)
-		gauge(ch, gpuMemTotal, float64(d.MemoryTotalBytes), idx, d.UUID)
-		gauge(ch, gpuMemUsed, float64(d.MemoryUsedBytes), idx, d.UUID)
+		em.gauge(gpuInfo, 1, idx, d.UUID, d.Name, s.DriverVersion)
+		em.gauge(gpuMemTotal, float64(d.MemoryTotalBytes), idx, d.UUID)
+		em.gauge(gpuMemUsed, float64(d.MemoryUsedBytes), idx, d.UUID)
 		// A reading the GPU did not give has no series: a 0 would be read
 		// as an idle GPU or a card drawing no power.
 		if !d.Missing.Has(gpu.ReadingUtilization) {
-			gauge(ch, gpuUtil, d.Utilization, idx, d.UUID)
+			em.gauge(gpuUtil, d.Utilization, idx, d.UUID)
 		}
 		if !d.Missing.Has(gpu.ReadingTemperature) {
-			gauge(ch, gpuTemp, d.TemperatureCelsius, idx, d.UUID)
+			em.gauge(gpuTemp, d.TemperatureCelsius, idx, d.UUID)
 		}
 		if !d.Missing.Has(gpu.ReadingPower) {
-			gauge(ch, gpuPower, d.PowerWatts, idx, d.UUID)
+			em.gauge(gpuPower, d.PowerWatts, idx, d.UUID)
 		}
 	}
 }
@@ -88,7 +101,7 @@ var AlertedXids = []uint64{48, 63, 64, 74, 79, 92, 94, 95, 119, 120}
 
 // emitXids sends the Xid counts, and 0 for each AlertedXids entry a device
 // has not reported.
-func emitXids(ch chan<- prometheus.Metric, devices []gpu.Device, xids []gpu.XidCount) {
+func emitXids(em emitter, devices []gpu.Device, xids []gpu.XidCount) {
 	type key struct {
 		uuid string
 		xid  uint64
@@ -96,48 +109,65 @@ func emitXids(ch chan<- prometheus.Metric, devices []gpu.Device, xids []gpu.XidC
 	counted := make(map[key]bool, len(xids))
 	for _, x := range xids {
 		counted[key{x.UUID, x.Xid}] = true
-		xidCounter(ch, x.Count, x.Index, x.UUID, x.Xid)
+		em.counter(gpuXid, float64(x.Count), strconv.Itoa(x.Index), x.UUID, strconv.FormatUint(x.Xid, 10))
 	}
 	for _, d := range devices {
 		for _, xid := range AlertedXids {
 			if !counted[key{d.UUID, xid}] {
-				xidCounter(ch, 0, d.Index, d.UUID, xid)
+				em.counter(gpuXid, 0, strconv.Itoa(d.Index), d.UUID, strconv.FormatUint(xid, 10))
 			}
 		}
 	}
 }
 
-func xidCounter(ch chan<- prometheus.Metric, count uint64, index int, uuid string, xid uint64) {
-	ch <- prometheus.MustNewConstMetric(gpuXid, prometheus.CounterValue, float64(count),
-		strconv.Itoa(index), uuid, strconv.FormatUint(xid, 10))
-}
-
-func emitAttribution(ch chan<- prometheus.Metric, r attribution.Result, index map[string]string) {
+func emitAttribution(em emitter, r attribution.Result, index map[string]string) {
 	for k, n := range r.Replicas {
-		gauge(ch, gpuReplicas, float64(n), index[k.UUID], k.UUID, k.Resource)
+		em.gauge(gpuReplicas, float64(n), index[k.UUID], k.UUID, k.Resource)
 	}
 	// A GPU with advertised replicas and no allocation reports 0, so the
 	// dashboards can show "0 of 4 used" rather than no data.
 	for k := range r.Replicas {
 		if _, ok := r.Allocated[k]; !ok {
-			gauge(ch, gpuReplicasAllocated, 0, index[k.UUID], k.UUID, k.Resource)
+			em.gauge(gpuReplicasAllocated, 0, index[k.UUID], k.UUID, k.Resource)
 		}
 	}
 	for k, n := range r.Allocated {
-		gauge(ch, gpuReplicasAllocated, float64(n), index[k.UUID], k.UUID, k.Resource)
+		em.gauge(gpuReplicasAllocated, float64(n), index[k.UUID], k.UUID, k.Resource)
 	}
 	for _, h := range r.Holdings {
-		gauge(ch, containerAlloc, float64(h.IDs), h.Namespace, h.Pod, h.Container.Container, index[h.UUID], h.UUID, h.Resource)
+		em.gauge(containerAlloc, float64(h.IDs), h.Namespace, h.Pod, h.Container.Container, index[h.UUID], h.UUID, h.Resource)
 	}
-	for _, u := range r.Usage {
-		idx := strconv.Itoa(u.GPUIndex)
-		gauge(ch, containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
-		gauge(ch, containerProcs, float64(u.Processes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+	for _, s := range exposition(r.Usage) {
+		u := s.u
+		em.gauge(containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, s.gpu, u.UUID)
+		em.gauge(containerProcs, float64(u.Processes), u.Namespace, u.Pod, u.Container.Container, s.gpu, u.UUID)
 		if u.HasSM {
-			gauge(ch, containerUtil, u.SMUtilization, u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+			em.gauge(containerUtil, u.SMUtilization, u.Namespace, u.Pod, u.Container.Container, s.gpu, u.UUID)
 		}
 	}
 	for uuid, b := range r.Unattributed {
-		gauge(ch, unattributedMem, float64(b), index[uuid], uuid)
+		em.gauge(unattributedMem, float64(b), index[uuid], uuid)
 	}
+}
+
+type usageSeries struct {
+	u   *attribution.Usage
+	gpu string
+}
+
+// exposition orders usage as the registry orders the container series: by
+// their label values taken in the order of the label names (container,
+// gpu, namespace, pod, uuid). Sent in that order, the registry's sort of
+// each family finds them sorted at once; one sort here replaces a sort of
+// each of the three largest families at every scrape.
+func exposition(usage []attribution.Usage) []usageSeries {
+	out := make([]usageSeries, len(usage))
+	for i := range usage {
+		out[i] = usageSeries{u: &usage[i], gpu: strconv.Itoa(usage[i].GPUIndex)}
+	}
+	slices.SortFunc(out, func(a, b usageSeries) int {
+		return cmp.Or(strings.Compare(a.u.Container.Container, b.u.Container.Container), strings.Compare(a.gpu, b.gpu),
+			strings.Compare(a.u.Namespace, b.u.Namespace), strings.Compare(a.u.Pod, b.u.Pod), strings.Compare(a.u.UUID, b.u.UUID))
+	})
+	return out
 }

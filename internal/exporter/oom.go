@@ -3,7 +3,6 @@ package exporter
 import (
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpuslice/gpuslice/internal/attribution"
@@ -151,9 +150,9 @@ func (o *oomCounter) scanWatched(d *oom.Detector, byName map[[2]string]*corev1.P
 	return err
 }
 
-func (o *oomCounter) emit(ch chan<- prometheus.Metric, index map[string]string) {
+func (o *oomCounter) emit(em emitter, index map[string]string) {
 	for k, c := range o.counts {
-		ch <- prometheus.MustNewConstMetric(oomEvents, prometheus.CounterValue, c.n,
+		em.counter(oomEvents, c.n,
 			k.ns, k.pod, k.container, index[k.uuid], k.uuid, string(k.source))
 	}
 }

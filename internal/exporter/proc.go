@@ -1,10 +1,13 @@
 package exporter
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"syscall"
 
 	"github.com/gpuslice/gpuslice/internal/attribution"
 	"github.com/gpuslice/gpuslice/internal/cgroup"
@@ -12,16 +15,65 @@ import (
 )
 
 // procReader resolves GPU process PIDs to pods through /proc.
+//
+// A process's cgroup is set when the runtime starts it, before it can open
+// a GPU, and a container's processes are not moved, so what a PID resolved
+// to holds for as long as the same process has that PID. The reader keeps
+// it keyed by (PID, process start time), and keeps the process's stat file
+// open: a scrape reads the start time again through that descriptor (one
+// system call instead of an open, a read, a close, and a cgroup file's read
+// and parse). A descriptor of /proc/<pid>/stat stays bound to its process:
+// once the process exits, reading it fails with ESRCH, even after the PID
+// is reused, and the PID is then read afresh by path. A tree without stat
+// files (test fixtures) is read in full each time.
 type procReader struct {
 	root string
 	log  *slog.Logger
 	// warned remembers PIDs whose cgroup file was malformed, so a garbage
 	// file is logged once, not at every scrape.
 	warned map[int]bool
+	// known holds the PIDs of the last scrape whose start time was read.
+	known map[int]*procEntry
+	// held counts the entries whose stat file is kept open, at most
+	// maxHeld: one descriptor per GPU process must not exhaust the
+	// process's limit on a node with thousands of them; the rest are read
+	// by path.
+	held, maxHeld int
+	buf           []byte // stat file contents, reused
+	// isProc: root is a real procfs, where a held stat file of an exited
+	// process fails to read; other trees (fixtures) need a link count check.
+	isProc bool
+}
+
+// procSuperMagic is procfs's f_type (linux/magic.h).
+const procSuperMagic = 0x9fa0
+
+// procEntry is a process's stat file (fd, or -1 when it is read by path)
+// and what the process that started at start resolved to. Only answers that a process keeps for life are kept:
+// in a pod (ref), or not in any pod; after other answers resolved is false
+// and the cgroup file is read again.
+type procEntry struct {
+	fd       int
+	start    uint64
+	resolved bool
+	inPod    bool
+	ref      attribution.ProcessRef
 }
 
 func newProcReader(root string, log *slog.Logger) *procReader {
-	return &procReader{root: root, log: log, warned: map[int]bool{}}
+	return &procReader{root: root, log: log, warned: map[int]bool{}, known: map[int]*procEntry{},
+		maxHeld: maxHeldFiles(), buf: make([]byte, 1024)}
+}
+
+// maxHeldFiles is how many stat files a reader keeps open: a quarter of
+// the open file limit (which Go raises to the hard limit at start), at most
+// 4096, leaving the rest to sockets, logs and the other sources.
+func maxHeldFiles() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0
+	}
+	return int(min(lim.Cur/4, 4096))
 }
 
 // read returns the pod of every PID in devs, and the PIDs that vanished.
@@ -30,9 +82,12 @@ func newProcReader(root string, log *slog.Logger) *procReader {
 func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, map[int]bool, error) {
 	refs := map[int]attribution.ProcessRef{}
 	gone := map[int]bool{}
-	if _, err := os.Stat(p.root); err != nil {
-		return refs, gone, fmt.Errorf("procfs %s: %w", p.root, err)
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(p.root, &fs); err != nil {
+		p.forget(nil)
+		return refs, gone, fmt.Errorf("procfs %s: %w", p.root, &os.PathError{Op: "statfs", Path: p.root, Err: err})
 	}
+	p.isProc = fs.Type == procSuperMagic
 	var firstErr error
 	seen := map[int]bool{}
 	for _, d := range devs {
@@ -41,15 +96,29 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 				continue
 			}
 			seen[proc.PID] = true
+			e := p.entry(proc.PID)
+			if e != nil && e.resolved {
+				if e.inPod {
+					refs[proc.PID] = e.ref
+				}
+				continue
+			}
 			ref, err := cgroup.ReadPID(p.root, proc.PID)
 			switch {
 			case err == nil:
-				refs[proc.PID] = attribution.ProcessRef{PodUID: ref.PodUID, ContainerID: ref.ContainerID}
+				r := attribution.ProcessRef{PodUID: ref.PodUID, ContainerID: ref.ContainerID}
+				refs[proc.PID] = r
 				delete(p.warned, proc.PID)
+				if e != nil {
+					e.resolved, e.inPod, e.ref = true, true, r
+				}
 			case errors.Is(err, cgroup.ErrProcessGone):
 				gone[proc.PID] = true
 			case errors.Is(err, cgroup.ErrNotInPod):
 				// A host process: unattributed.
+				if e != nil {
+					e.resolved = true
+				}
 			case errors.Is(err, cgroup.ErrMalformed):
 				if !p.warned[proc.PID] {
 					p.warned[proc.PID] = true
@@ -67,5 +136,135 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 			delete(p.warned, pid)
 		}
 	}
+	p.forget(seen)
 	return refs, gone, firstErr
+}
+
+// entry returns the open stat file of the process that has pid now, with
+// what it resolved to if it is the process read before; nil when its start
+// time cannot be read.
+func (p *procReader) entry(pid int) *procEntry {
+	e := p.known[pid]
+	if e != nil && e.fd >= 0 {
+		if start, err := p.startTime(e.fd); err == nil && start == e.start {
+			return e
+		}
+	}
+	fd, err := syscall.Open(p.root+"/"+strconv.Itoa(pid)+"/stat", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		p.drop(pid)
+		return nil
+	}
+	start, err := p.startTime(fd)
+	switch {
+	case err != nil:
+		syscall.Close(fd)
+		p.drop(pid)
+		return nil
+	case e != nil && e.fd < 0 && start == e.start: // the same process, read by path
+		if p.held < p.maxHeld {
+			e.fd = fd
+			p.held++
+		} else {
+			syscall.Close(fd)
+		}
+		return e
+	}
+	p.drop(pid)
+	e = &procEntry{fd: fd, start: start}
+	if p.held < p.maxHeld {
+		p.held++
+	} else {
+		syscall.Close(fd)
+		e.fd = -1
+	}
+	p.known[pid] = e
+	return e
+}
+
+// drop forgets pid, closing its stat file.
+func (p *procReader) drop(pid int) {
+	if e := p.known[pid]; e != nil {
+		if e.fd >= 0 {
+			syscall.Close(e.fd)
+			p.held--
+		}
+		delete(p.known, pid)
+	}
+}
+
+// forget forgets the PIDs not in keep (all of them for nil).
+func (p *procReader) forget(keep map[int]bool) {
+	for pid := range p.known {
+		if !keep[pid] {
+			p.drop(pid)
+		}
+	}
+}
+
+// errUnlinked: the stat file was removed, which only happens in a tree
+// standing in for /proc; there it means the process is gone.
+var errUnlinked = errors.New("stat file removed")
+
+// startTime reads the start time from an open stat file, with plain
+// system calls into a reused buffer: this runs for every GPU process at
+// every scrape.
+func (p *procReader) startTime(fd int) (uint64, error) {
+	for {
+		n, err := syscall.Pread(fd, p.buf, 0)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if n == len(p.buf) { // perhaps cut short: read it again, whole
+			p.buf = make([]byte, 2*len(p.buf))
+			continue
+		}
+		start, err := parseStartTime(p.buf[:n])
+		if err != nil {
+			return 0, err
+		}
+		if p.isProc {
+			return start, nil
+		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err != nil {
+			return 0, err
+		}
+		if st.Nlink == 0 {
+			return 0, errUnlinked
+		}
+		return start, nil
+	}
+}
+
+// parseStartTime returns field 22 of a /proc/<pid>/stat line, the time the
+// process started in clock ticks after boot. The command name (field 2)
+// may hold spaces and parentheses, so fields are counted after its last ')'.
+func parseStartTime(stat []byte) (uint64, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("stat: no command name")
+	}
+	rest := stat[i+1:]
+	for field := 3; ; field++ {
+		rest = bytes.TrimLeft(rest, " ")
+		end := bytes.IndexAny(rest, " \n")
+		if end < 0 {
+			end = len(rest)
+		}
+		if end == 0 {
+			return 0, fmt.Errorf("stat: %d fields, want at least 22", field-1)
+		}
+		if field == 22 {
+			v, err := strconv.ParseUint(string(rest[:end]), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("stat: start time: %w", err)
+			}
+			return v, nil
+		}
+		rest = rest[end:]
+	}
 }

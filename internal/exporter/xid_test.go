@@ -21,7 +21,7 @@ func TestEmitXids(t *testing.T) {
 		{UUID: "GPU-c", Index: 2, Xid: 48, Count: 1}, // a GPU that failed this scrape
 	}
 	ch := make(chan prometheus.Metric, 100)
-	emitXids(ch, devices, xids)
+	emitXids(emitter{ch: ch, series: newSeriesCache()}, devices, xids)
 	close(ch)
 	got := map[string]float64{}
 	for m := range ch {

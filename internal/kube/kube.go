@@ -1,12 +1,13 @@
 // Package kube builds the Kubernetes client configuration every gpuslice
 // program uses: a kubeconfig file when one is named (development, tests),
-// the pod's service account otherwise (in-cluster).
+// the pod's service account otherwise (in-cluster). It builds no clientset:
+// that links every API group's types into the binary, and the exporter,
+// which needs pods only, should not carry them.
 package kube
 
 import (
 	"fmt"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -30,17 +31,4 @@ func Config(kubeconfig, userAgent string) (*rest.Config, error) {
 	}
 	cfg.UserAgent = userAgent
 	return cfg, nil
-}
-
-// Client returns a clientset from Config.
-func Client(kubeconfig, userAgent string) (*rest.Config, kubernetes.Interface, error) {
-	cfg, err := Config(kubeconfig, userAgent)
-	if err != nil {
-		return nil, nil, err
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return cfg, cs, nil
 }

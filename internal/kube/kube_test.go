@@ -19,8 +19,8 @@ current-context: x
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, cs, err := Client(path, "gpuslice-test")
-	if err != nil || cs == nil {
+	cfg, err := Config(path, "gpuslice-test")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Host != "https://127.0.0.1:6443" || cfg.BearerToken != "abc" || cfg.UserAgent != "gpuslice-test" {

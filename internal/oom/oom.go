@@ -300,6 +300,7 @@ type containerState struct {
 	c        Container
 	lastSeen time.Time
 	streams  []*stream // one per log file N.log, by N
+	listing  listing   // of its log directory
 	// instances holds the de-duplication state of recent instances;
 	// maxInstance bounds it.
 	instances   map[int]*instanceState

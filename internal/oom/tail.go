@@ -94,6 +94,51 @@ func instanceOf(name string) (int, bool) {
 	return n, err == nil
 }
 
+// listing is a container log directory's names as last listed. Listing
+// costs three system calls and the names' allocation for every container at
+// every scrape, while the directory changes only when a container restarts
+// or its log rotates; one stat shows whether it did. A directory's
+// modification time moves when an entry is added, removed or renamed, but
+// only in steps of the file system's clock, so a change in the same step as
+// the listing would leave it as it was: a listing is trusted only when the
+// directory had last changed well before it was taken (as git treats
+// "racily clean" index entries).
+type listing struct {
+	list    []string
+	id      ident
+	modTime time.Time
+	at      time.Time // when the listing was started, by the wall clock
+}
+
+// racyWindow is how long after a directory last changed a listing of it is
+// not trusted to be complete; far above any file system's clock step.
+const racyWindow = time.Second
+
+// names lists dir, or returns the last listing while dir is unchanged.
+func (l *listing) names(dir string) ([]string, error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		*l = listing{}
+		return nil, err
+	}
+	if l.list != nil && identOf(fi) == l.id && l.id != (ident{}) && fi.ModTime().Equal(l.modTime) &&
+		l.modTime.Before(l.at.Add(-racyWindow)) {
+		return l.list, nil
+	}
+	// The file system's clock, not the detector's (which tests set).
+	at := time.Now()
+	names, err := readDirNames(dir)
+	if err != nil {
+		*l = listing{}
+		return nil, err
+	}
+	if names == nil {
+		names = []string{}
+	}
+	*l = listing{list: names, id: identOf(fi), modTime: fi.ModTime(), at: at}
+	return names, nil
+}
+
 func readDirNames(dir string) ([]string, error) {
 	f, err := os.Open(dir)
 	if err != nil {
@@ -143,7 +188,7 @@ func (d *Detector) scanContainer(cs *containerState, now time.Time, events []Eve
 		return events
 	}
 	dir := containerDir(d.root, cs.c)
-	names, err := readDirNames(dir)
+	names, err := cs.listing.names(dir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			// Kept as they are: forgetting them would have the files read

@@ -9,8 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -22,22 +24,27 @@ const (
 // Informer is a Source fed by a watch on the API server, limited by field
 // selector to the pods bound to one node, so its memory and watch traffic do
 // not grow with the cluster.
+//
+// It talks to the API through a REST client that knows core/v1 only, not
+// through client-go's clientset: the clientset and its informer factory
+// link and register every API group's types, which made the exporter's
+// binary half as large again and its start-up touch all of it.
 type Informer struct {
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	node     string
 }
 
-// NewInformer builds the informer; Start runs it.
-func NewInformer(client kubernetes.Interface, nodeName string, resync time.Duration) (*Informer, error) {
+// NewInformer builds the informer from the API server's config; Start runs
+// it.
+func NewInformer(cfg *rest.Config, nodeName string, resync time.Duration) (*Informer, error) {
 	if nodeName == "" {
 		return nil, errors.New("pods: the apiserver source needs the node name (--node-name or NODE_NAME)")
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
-		}))
-	inf := factory.Core().V1().Pods().Informer()
+	lw, err := podListWatch(cfg, fields.OneTermEqualSelector("spec.nodeName", nodeName).String())
+	if err != nil {
+		return nil, fmt.Errorf("pods: %w", err)
+	}
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, resync, cache.Indexers{})
 	// Only what the exporter reads is kept: managed fields and most of the
 	// spec are dropped to bound memory on busy nodes.
 	if err := inf.SetTransform(trimPod); err != nil {
@@ -58,7 +65,38 @@ func NewInformer(client kubernetes.Interface, nodeName string, resync time.Durat
 	}}); err != nil {
 		return nil, fmt.Errorf("pods: %w", err)
 	}
-	return &Informer{factory: factory, informer: inf, node: nodeName}, nil
+	return &Informer{informer: inf, node: nodeName}, nil
+}
+
+// podListWatch lists and watches the pods that match fieldSelector in all
+// namespaces.
+func podListWatch(cfg *rest.Config, fieldSelector string) (*cache.ListWatch, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c := rest.CopyConfig(cfg)
+	c.APIPath = "/api"
+	c.GroupVersion = &corev1.SchemeGroupVersion
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	client, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, err
+	}
+	params := runtime.NewParameterCodec(scheme)
+	return &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = fieldSelector
+			list := &corev1.PodList{}
+			err := client.Get().Resource("pods").VersionedParams(&o, params).Do(ctx).Into(list)
+			return list, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = fieldSelector
+			o.Watch = true
+			return client.Get().Resource("pods").VersionedParams(&o, params).Watch(ctx)
+		},
+	}, nil
 }
 
 // OnChange implements Notifier. A handler added after Start is first called
@@ -74,7 +112,7 @@ func (i *Informer) OnChange(f func()) {
 // Start runs the informer until ctx ends and waits for the first sync (or
 // ctx's end).
 func (i *Informer) Start(ctx context.Context) error {
-	i.factory.Start(ctx.Done())
+	go i.informer.RunWithContext(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), i.informer.HasSynced) {
 		return fmt.Errorf("pods: informer for node %s did not sync: %w", i.node, ctx.Err())
 	}

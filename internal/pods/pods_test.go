@@ -103,7 +103,7 @@ func TestInformerNodeScoped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	inf, err := NewInformer(env.Client, "node-a", 0)
+	inf, err := NewInformer(env.Config, "node-a", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestInformerNodeScoped(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := NewInformer(env.Client, "", 0); err == nil {
+	if _, err := NewInformer(env.Config, "", 0); err == nil {
 		t.Fatal("empty node name accepted")
 	}
 }

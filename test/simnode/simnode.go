@@ -13,6 +13,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -289,8 +291,22 @@ func (n *Node) writeProc() error {
 		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(content), 0o644); err != nil {
 			return err
 		}
+		if err := os.WriteFile(filepath.Join(dir, "stat"), statLine(pid, content), 0o644); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// statLine is a /proc/<pid>/stat line as the kernel writes it, up to the
+// start time (field 22). A PID moved to another container is a new process
+// with the same PID, as after PID reuse: its start time changes with its
+// cgroup, so readers that cache by (PID, start time) see a new process.
+func statLine(pid int, cgroup string) []byte {
+	h := fnv.New64a()
+	h.Write([]byte(cgroup))
+	start := h.Sum64() % 1e9
+	return fmt.Appendf(nil, "%d (python3 (gpu)) S 1 %d %d 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 12 0 %d 0 0\n", pid, pid, pid, start)
 }
 
 func (n *Node) allocations() []podresources.Allocation {
@@ -413,6 +429,20 @@ func (n *Node) AppendLogAt(at time.Time, p *Pod, c *Container, lines ...string) 
 	}
 	_, err = f.WriteString(b.String())
 	return err
+}
+
+// Age makes the node look as if its log directories had last changed d
+// ago, as on a node that has run a while, for benchmarks of its steady
+// state: readers that trust a directory listing only once the directory
+// has been still for a moment would otherwise list at every scrape.
+func (n *Node) Age(d time.Duration) error {
+	then := time.Now().Add(-d)
+	return filepath.WalkDir(n.PodLogs(), func(path string, e fs.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			err = os.Chtimes(path, then, then)
+		}
+		return err
+	})
 }
 
 // Pod finds a pod by namespace and name.
