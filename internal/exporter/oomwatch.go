@@ -2,6 +2,7 @@ package exporter
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -77,19 +78,32 @@ func (e *Exporter) RunOOMWatch(ctx context.Context, interval time.Duration) {
 // watchOnce is one scan between scrapes.
 func (e *Exporter) watchOnce(ctx context.Context) {
 	var allocs []podresources.Allocation
+	var allocatable []podresources.Allocatable
 	if e.cfg.Kubelet != nil {
 		cctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
-		var err error
+		var err, aerr error
 		allocs, err = e.cfg.Kubelet.List(cctx)
+		allocatable, aerr = e.cfg.Kubelet.Allocatable(cctx)
 		cancel()
-		if err != nil {
+		if err = errors.Join(err, aerr); err != nil {
 			// The scrape's podresources collector reports it; the pod
 			// list below still finds the GPU containers.
-			e.log.Debug("OOM watch: listing pod resources", "err", err)
+			e.log.Debug("OOM watch: reading pod resources", "err", err)
 		}
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	// Resources whose devices are GPU IDs, renamed time-slicing resources
+	// included: containers asking for them are watched even when they
+	// ended before any listing showed them holding one.
+	for _, a := range allocatable {
+		for _, id := range a.DeviceIDs {
+			if _, err := podresources.ParseDeviceID(id); err == nil {
+				e.gpuResources[a.Resource] = true
+				break
+			}
+		}
+	}
 	now := e.cfg.Now()
 	byName := podsByName(e.cfg.Pods)
 	res := attribution.Join(attribution.Input{Allocations: allocs, Pods: e.cfg.Pods})
