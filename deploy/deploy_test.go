@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +33,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpuslice/gpuslice/internal/testenv"
+	"github.com/gpuslice/gpuslice/internal/testproc"
 	"github.com/gpuslice/gpuslice/internal/tuner/config"
 )
 
@@ -49,35 +49,12 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-var helmOnce struct {
-	sync.Once
-	path string
-	log  []byte
-	err  error
-}
-
 // helmBinary builds helm once through hack/helm.sh (a no-op when
 // .cache/bin/helm exists) and fails the test when it cannot: CI must never
 // pass without having linted and rendered the chart.
 func helmBinary(t *testing.T) Helm {
 	t.Helper()
-	root := repoRoot(t)
-	helmOnce.Do(func() {
-		cmd := exec.Command("bash", filepath.Join(root, "hack", "helm.sh"))
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		helmOnce.err = cmd.Run()
-		helmOnce.log = stderr.Bytes()
-		lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-		helmOnce.path = lines[len(lines)-1]
-	})
-	if helmOnce.err != nil {
-		t.Fatalf("hack/helm.sh could not build helm: %v\n%s", helmOnce.err, helmOnce.log)
-	}
-	if _, err := os.Stat(helmOnce.path); err != nil {
-		t.Fatalf("hack/helm.sh printed %q, which is not a file: %v", helmOnce.path, err)
-	}
-	return Helm{Path: helmOnce.path}
+	return Helm{Path: testproc.Hack(t, "helm.sh")}
 }
 
 func chartPath(t *testing.T) string {

@@ -8,6 +8,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${GPUSLICE_HELM_DIR:-$root/.cache/bin}
 helm="$out/helm"
+# One build at a time: `make test` runs this in the background while tests
+# that need the result call it too; they wait here for the build in progress.
+mkdir -p "$out"
+exec 9>"$out/.helm.lock"
+flock 9
 if [ ! -x "$helm" ]; then
   mkdir -p "$out"
   # The same version stamps Helm's own Makefile sets: without them

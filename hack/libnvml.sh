@@ -9,6 +9,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${GPUSLICE_LIB_DIR:-$root/.cache/lib}
 lib="$out/libnvidia-ml.so.1"
+# One build at a time: `make test` runs this in the background while tests
+# that need the result call it too; they wait here for the build in progress.
+mkdir -p "$out"
+exec 9>"$out/.libnvml.lock"
+flock 9
 export CGO_CFLAGS=${CGO_CFLAGS:--Wno-deprecated-declarations}
 stale=1
 if [ -f "$lib" ]; then

@@ -10,6 +10,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${GPUSLICE_ASSETS:-$root/.cache/bin}
 mkdir -p "$out"
+# One build at a time: `make test` runs this in the background while tests
+# that need the result call it too; they wait here for the build in progress.
+mkdir -p "$out"
+exec 9>"$out/.nvidia-bins.lock"
+flock 9
 export CGO_CFLAGS=${CGO_CFLAGS:--Wno-deprecated-declarations}
 # The version comes from the module pin, so `--version` tells what was built.
 version=$(cd "$root/test/nvtools" && go list -m -f '{{.Version}}' github.com/NVIDIA/k8s-device-plugin)

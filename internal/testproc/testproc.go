@@ -196,3 +196,38 @@ func Tail(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+var (
+	hackMu  sync.Mutex
+	hackOut = map[string]string{}
+)
+
+// Hack runs hack/<script> (a build script that builds what is missing or
+// stale, waits for a build of the same thing in progress, and prints the
+// path it made as its last line) once per test binary and returns that
+// path. The test fails, naming the script and its output, when it cannot:
+// the suite must never pass without the parts it tests against.
+func Hack(t testing.TB, script string) string {
+	t.Helper()
+	hackMu.Lock()
+	defer hackMu.Unlock()
+	if p, ok := hackOut[script]; ok {
+		return p
+	}
+	_, file, _, _ := runtime.Caller(0)
+	path := filepath.Join(filepath.Dir(file), "..", "..", "hack", script)
+	cmd := exec.Command("bash", path)
+	cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("hack/%s failed (run `make test-bins` and read its output): %v\n%s", script, err, Tail(stderr.String(), 30))
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	out := lines[len(lines)-1]
+	if _, err := os.Stat(out); err != nil {
+		t.Fatalf("hack/%s printed %q, which does not exist: %v", script, out, err)
+	}
+	hackOut[script] = out
+	return out
+}

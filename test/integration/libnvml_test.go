@@ -19,6 +19,7 @@ import (
 
 	nvmlbackend "github.com/gpuslice/gpuslice/internal/gpu/nvml"
 	"github.com/gpuslice/gpuslice/internal/gpu/sim"
+	"github.com/gpuslice/gpuslice/internal/testproc"
 )
 
 // repoRoot is the repository root, found from this file.
@@ -27,20 +28,8 @@ func repoRoot(t testing.TB) string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// hackBuild runs a hack/ build script, which builds what is missing or
-// stale and prints the path it made; the test fails with how to get it when
-// the script fails.
-func hackBuild(t testing.TB, script string) string {
-	t.Helper()
-	cmd := exec.Command("bash", filepath.Join(repoRoot(t), "hack", script))
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("hack/%s failed (run `make test-bins` and read its output): %v\n%s", script, err, stderr.String())
-	}
-	return strings.TrimSpace(string(out))
-}
+// hackBuild runs a hack/ build script and returns the path it made.
+func hackBuild(t testing.TB, script string) string { return testproc.Hack(t, script) }
 
 // simLibraryDir builds libnvidia-ml.so.1 from the simulated GPU when it is
 // missing or stale and returns its directory, for LD_LIBRARY_PATH.

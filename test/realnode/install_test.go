@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/gpuslice/gpuslice/internal/testenv"
 	"github.com/gpuslice/gpuslice/internal/testproc"
 	"github.com/gpuslice/gpuslice/test/realnode"
 )
@@ -93,7 +92,7 @@ tuner:
 // helm runs the helm binary hack/helm.sh built against the node.
 func helm(t *testing.T, args ...string) string {
 	t.Helper()
-	bin := filepath.Join(testenv.AssetsDir(), "helm")
+	bin := testproc.Hack(t, "helm.sh")
 	// Not t.Context(): cleanups uninstall after it is cancelled.
 	cmd := exec.CommandContext(context.Background(), bin, append(args, "--kubeconfig", world.node.Kubeconfig)...)
 	out, err := cmd.CombinedOutput()
@@ -117,12 +116,7 @@ func TestHelmInstall(t *testing.T) {
 	n := need(t)
 	ctx := context.Background()
 	lib := nvmlLib(t)
-	if lib == "" {
-		t.Fatal("no simulated libnvidia-ml.so.1 in .cache/lib (run `make test-bins`, which runs hack/libnvml.sh)")
-	}
-	if _, err := os.Stat(filepath.Join(testenv.AssetsDir(), "helm")); err != nil {
-		t.Fatalf("no helm in %s (run `make test-bins`): %v", testenv.AssetsDir(), err)
-	}
+	testproc.Hack(t, "helm.sh")
 
 	// 1. The image, as `make image image-import` makes it.
 	tar := filepath.Join(t.TempDir(), "gpuslice.tar")

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/gpuslice/gpuslice/internal/testenv"
 	"github.com/gpuslice/gpuslice/internal/testproc"
 	"github.com/gpuslice/gpuslice/test/realnode"
 )
@@ -52,16 +51,10 @@ func nvidiaSetup(t *testing.T) {
 	t.Helper()
 	n := need(t)
 	lib := nvmlLib(t)
-	if lib == "" {
-		t.Fatal("no simulated libnvidia-ml.so.1 in .cache/lib (run `make test-bins`, which runs hack/libnvml.sh)")
-	}
+	bins := testproc.Hack(t, "nvidia-bins.sh")
 	var files []string
 	for _, b := range []string{"nvidia-device-plugin", "config-manager"} {
-		p := filepath.Join(testenv.AssetsDir(), b)
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("NVIDIA's %s not built (run `make test-bins`, which runs hack/nvidia-bins.sh): %v", b, err)
-		}
-		files = append(files, p+"=/usr/bin/"+b)
+		files = append(files, filepath.Join(bins, b)+"=/usr/bin/"+b)
 	}
 	// The library's own needs go into the image: it is loaded into the
 	// plugin's process, which sees the image's libc.

@@ -331,31 +331,21 @@ func startExporter(t *testing.T, extra ...string) (*testproc.Process, string) {
 	return p, addr
 }
 
-// gpuArgs and gpuEnv choose the GPU path of the programs: NVML through the
-// libnvidia-ml.so made from the sim file when it is built, which is the
-// path users run.
+// gpuArgs and gpuEnv put the programs on the GPU path users run: NVML
+// through go-nvml's dlopen, here of the libnvidia-ml.so.1 made from the
+// simulated driver's file.
 func gpuArgs(t *testing.T) []string {
-	if lib := nvmlLib(t); lib != "" {
-		return []string{"--gpu.backend=nvml"}
-	}
-	return []string{"--gpu.backend=sim", "--sim.file=" + world.driver.SimFile()}
+	nvmlLib(t)
+	return []string{"--gpu.backend=nvml"}
 }
 
 func gpuEnv(t *testing.T) []string {
-	if lib := nvmlLib(t); lib != "" {
-		return []string{"LD_LIBRARY_PATH=" + filepath.Dir(lib), "GPUSLICE_SIM_FILE=" + world.driver.SimFile()}
-	}
-	return nil
+	return []string{"LD_LIBRARY_PATH=" + filepath.Dir(nvmlLib(t)), "GPUSLICE_SIM_FILE=" + world.driver.SimFile()}
 }
 
-// nvmlLib is the simulated libnvidia-ml.so.1 when built (hack/libnvml.sh).
-func nvmlLib(t *testing.T) string {
-	p := filepath.Join(realnode.Repo(), ".cache", "lib", "libnvidia-ml.so.1")
-	if _, err := os.Stat(p); err != nil {
-		return ""
-	}
-	return p
-}
+// nvmlLib is the simulated libnvidia-ml.so.1, built by hack/libnvml.sh
+// when missing or stale.
+func nvmlLib(t *testing.T) string { return testproc.Hack(t, "libnvml.sh") }
 
 func scrape(addr string) (string, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
