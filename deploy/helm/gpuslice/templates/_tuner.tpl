@@ -12,7 +12,9 @@ signals.source: prometheus, ...). The tuner rejects unknown keys.
   "configMap" (dict "namespace" $dpNamespace "name" (include "gpuslice.dpConfigMap" .))
   "key" (include "gpuslice.dpConfigKey" .)
 }}
-{{- if eq .Values.tuner.mode "restart" }}
+{{- /* config-manager mode restarts NVIDIA's DaemonSet too, after rewriting a
+key that nodes already use: config-manager reacts only to label changes. */}}
+{{- if or (eq .Values.tuner.mode "restart") (eq .Values.tuner.mode "config-manager") }}
 {{- $_ := set $apply "daemonSet" (dict "namespace" $dpNamespace "name" .Values.tuner.devicePlugin.daemonSet) }}
 {{- end }}
 {{- $base := dict
