@@ -312,3 +312,102 @@ func TestNVIDIARestartMode(t *testing.T) {
 	waitAllocatable(t, gpuRes, 3, 180*time.Second)
 	t.Logf("restart mode: key rewritten + rollout restart → allocatable 3 after %v", time.Since(start).Round(100*time.Millisecond))
 }
+
+// TestTunerDrivesNVIDIAConfigManager: gpuslice-tuner in config-manager mode
+// against NVIDIA's own DaemonSet (config-manager init + sidecar, plugin)
+// on the real node. The user's ConfigMap holds one key, which NVIDIA's
+// `single` fallback gives the unlabelled node. With every replica taken
+// and headroom to spare, the tuner writes its named config and a `default`
+// copy of the user's key, waits its propagation delay for the kubelet to
+// refresh the ConfigMap volume, then moves the node's label; NVIDIA's
+// config-manager switches the file and signals the plugin, which
+// advertises the raised count. Removing the label (a node the tuner never
+// labelled) and restarting NVIDIA's pod still starts the plugin, on the
+// `default` key, although the ConfigMap now has several keys.
+func TestTunerDrivesNVIDIAConfigManager(t *testing.T) {
+	nvidiaSetup(t)
+	n := world.node
+	ctx := context.Background()
+	runNVIDIA(t, map[string]string{"default": sharedConfig(2)}, nvidiaDaemonSet(n, true, ""))
+	waitAllocatable(t, gpuRes, 2, 120*time.Second)
+	for _, name := range []string{"cm-a1", "cm-a2"} {
+		createPod(t, fakeCUDAPod(name, podOpts{args: []string{"-memory", "0s=4Gi", "-sm", "0.2"}}))
+	}
+	for _, name := range []string{"cm-a1", "cm-a2"} {
+		waitRunning(t, name, 60*time.Second)
+	}
+	_, exporter := startExporter(t)
+	ensureNamespace(t, "gpuslice")
+	cfg := filepath.Join(t.TempDir(), "tuner.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`interval: 1s
+leaderElection: {namespace: gpuslice, name: realnode-tuner-cm}
+signals:
+  source: exporters
+  exporters:
+    targets: [{node: %s, url: "http://%s/metrics"}]
+    timeout: 2s
+apply:
+  mode: config-manager
+  configMap: {namespace: %s, name: %s}
+  key: default
+  daemonSet: {namespace: %s, name: %s}
+  verifyTimeout: 120s
+policy:
+  minReplicas: 2
+  maxReplicas: 3
+  maxStepUp: 1
+  window: 8s
+  cooldown: 10m
+  pressureWindow: 2s
+  sampleInterval: 1s
+  targetUtilization: 0.9
+  pressureThreshold: 0.95
+`, n.Name, exporter, nvidiaNS, nvidiaCM, nvidiaNS, nvidiaDS)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	testproc.Start(t, "gpuslice-tuner", nil, testproc.Build(t, "cmd/tuner"), "run", "--config="+cfg,
+		"--kubeconfig="+n.Kubeconfig, "--web.listen-address="+testproc.FreeAddr(t))
+	testproc.Eventually(t, 240*time.Second, time.Second, func() string {
+		if l := configLabel(t); l != "gpuslice-3" {
+			return fmt.Sprintf("node label %q, want gpuslice-3", l)
+		}
+		return ""
+	})
+	labelled := time.Since(began)
+	waitAllocatable(t, gpuRes, 3, 120*time.Second)
+	t.Logf("tuner start → label gpuslice-3 after %v (its propagation delay included) → NVIDIA's plugin advertising 3 in Node.status after %v",
+		labelled.Round(time.Second), (time.Since(began) - labelled).Round(100*time.Millisecond))
+	cm, err := n.Client.CoreV1().ConfigMaps(nvidiaNS).Get(ctx, nvidiaCM, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cm.Data) < 2 || cm.Data["default"] == "" {
+		t.Fatalf("ConfigMap keys after the raise: %v, want the user's default and gpuslice-3", keysOf(cm.Data))
+	}
+
+	// A node the tuner never labelled: NVIDIA's pod restarted without the
+	// label must still find its config among several keys.
+	setLabel(t, "")
+	zero := int64(0)
+	pods, err := n.Client.CoreV1().Pods(nvidiaNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if err := n.Client.CoreV1().Pods(nvidiaNS).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The old pod's devices go (allocatable 3 → 0 at the kubelet's next
+	// status), the new one advertises the default key's 2.
+	waitAllocatable(t, gpuRes, 2, 180*time.Second)
+}
+
+func keysOf(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
