@@ -42,6 +42,12 @@
 // the GPU; ERROR_UNKNOWN fails it from a required call and empties an
 // optional reading. Init failures name their usual cause and fix.
 //
+// On a GPU whose MIG mode is on, each MIG device is read through its MIG
+// device handle (UUID, GPU and compute instance IDs, name, the instance's
+// own memory), and each process keeps the instances NVML lists it in, so
+// that the attribution can put it on its MIG device. The process lists and
+// the memory of the Device stay the whole GPU's.
+//
 // Xid events are read by a goroutine waiting on an NVML event set with
 // EventTypeXidCriticalError registered on every GPU that supports it; the
 // set is created again after each re-initialization, and counts go on.
@@ -259,6 +265,13 @@ const (
 	callCompute     = "get compute processes"
 	callGraphics    = "get graphics processes"
 	callProcessUtil = "get process utilization"
+	callMIGMode     = "get MIG mode"
+	callMIGCount    = "get max MIG device count"
+	callMIGHandle   = "get MIG device handle"
+	callMIGUUID     = "get MIG device uuid"
+	callMIGInstance = "get MIG device instance IDs"
+	callMIGName     = "get MIG device name"
+	callMIGMemory   = "get MIG device memory info"
 )
 
 // reading is one optional reading of one GPU.
@@ -371,7 +384,10 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	} else {
 		d.Missing |= gpu.ReadingPower
 	}
-	procs, err := b.readProcesses(h, d.UUID)
+	if err := b.readMIG(h, &d); err != nil {
+		return fail(err)
+	}
+	procs, err := b.readProcesses(h, d.UUID, d.MIGEnabled)
 	if err != nil {
 		return fail(err)
 	}
@@ -379,17 +395,95 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	return d, nil
 }
 
+// readMIG reads the GPU's MIG mode and, when it is on, each MIG device's
+// UUID, instance IDs, name and memory, through the MIG device handles. All
+// of it is optional: a GPU that does not support MIG (NOT_SUPPORTED) is a
+// GPU without MIG, and a MIG device whose UUID or instance IDs cannot be
+// read is left out (nothing could be joined to it). Its error is a GPU
+// that is gone.
+func (b *Backend) readMIG(h nvml.Device, d *gpu.Device) error {
+	current, _, ret := h.GetMigMode()
+	if ok, err := b.optional(d.UUID, callMIGMode, ret); err != nil || !ok {
+		return err
+	}
+	if current != nvml.DEVICE_MIG_ENABLE {
+		return nil
+	}
+	d.MIGEnabled = true
+	n, ret := h.GetMaxMigDeviceCount()
+	if ok, err := b.optional(d.UUID, callMIGCount, ret); err != nil || !ok {
+		return err
+	}
+	for i := range n {
+		mh, ret := h.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND {
+			continue // a slot without a MIG device
+		}
+		if ok, err := b.optional(d.UUID, callMIGHandle, ret); err != nil {
+			return err
+		} else if !ok {
+			continue
+		}
+		m, ok, err := b.readMIGDevice(mh, d.UUID, i)
+		if err != nil {
+			return err
+		}
+		if ok {
+			d.MIGDevices = append(d.MIGDevices, m)
+		}
+	}
+	return nil
+}
+
+// readMIGDevice reads MIG device i of GPU uuid. ok is false when its
+// identity (UUID, instance IDs) could not be read.
+func (b *Backend) readMIGDevice(mh nvml.Device, uuid string, i int) (m gpu.MIGDevice, ok bool, err error) {
+	m.Index = i
+	var ret nvml.Return
+	m.UUID, ret = mh.GetUUID()
+	if ok, err := b.optional(uuid, callMIGUUID, ret); !ok {
+		return m, false, err
+	}
+	m.GPUInstanceID, ret = mh.GetGpuInstanceId()
+	if ok, err := b.optional(uuid, callMIGInstance, ret); !ok {
+		return m, false, err
+	}
+	m.ComputeInstanceID, ret = mh.GetComputeInstanceId()
+	if ok, err := b.optional(uuid, callMIGInstance, ret); !ok {
+		return m, false, err
+	}
+	name, ret := mh.GetName()
+	if ok, err := b.optional(uuid, callMIGName, ret); err != nil {
+		return m, false, err
+	} else if ok {
+		m.Name = name
+	}
+	mem, ret := mh.GetMemoryInfo()
+	if ok, err := b.optional(uuid, callMIGMemory, ret); err != nil {
+		return m, false, err
+	} else if ok {
+		m.MemoryTotalBytes, m.MemoryUsedBytes, m.HasMemory = mem.Total, mem.Used, true
+	}
+	return m, true, nil
+}
+
 // notAvailable is NVML_VALUE_NOT_AVAILABLE as an unsigned 64-bit value:
 // what some drivers (and any driver without permission) report as a
 // process's used memory.
 const notAvailable = ^uint64(0)
 
+// noInstance is what NVML puts in a process's GPU and compute instance IDs
+// outside MIG (0xFFFFFFFF).
+const noInstance = ^uint32(0)
+
 // readProcesses merges the compute and graphics process lists (a process
 // with both kinds of context is listed in both, each time with its whole
 // memory, so it counts once with the larger figure) and adds each process's
-// SM utilization averaged since the previous reading. Its error is a GPU
-// that is gone; a list or the samples that cannot be read are left out.
-func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, error) {
+// SM utilization averaged since the previous reading. On a MIG-enabled GPU
+// each process keeps the GPU and compute instance NVML lists it in. Its
+// error is a GPU that is gone; a list or the samples that cannot be read
+// are left out.
+func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool) ([]gpu.Process, error) {
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
 		for _, p := range list {
@@ -401,7 +495,14 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, erro
 				procs[j].UsedMemoryBytes = max(procs[j].UsedMemoryBytes, mem)
 				continue
 			}
-			procs = append(procs, gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem})
+			proc := gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem}
+			if mig && p.GpuInstanceId != noInstance {
+				proc.InMIG, proc.GPUInstanceID, proc.ComputeInstanceID = true, int(p.GpuInstanceId), -1
+				if p.ComputeInstanceId != noInstance {
+					proc.ComputeInstanceID = int(p.ComputeInstanceId)
+				}
+			}
+			procs = append(procs, proc)
 		}
 	}
 	compute, ret := h.GetComputeRunningProcesses()
