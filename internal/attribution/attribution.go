@@ -63,14 +63,14 @@ type Holding struct {
 	IDs      int
 }
 
-// MIGHolding is the number of replica IDs of one MIG device and resource a
-// container holds (1 for a MIG device that is not time-sliced).
+// MIGHolding is the number of replica IDs of one MIG device a container
+// holds (1 for a MIG device that is not time-sliced). A MIG device is
+// advertised under one resource, which the container's Holding names.
 type MIGHolding struct {
 	Container
-	UUID     string // the physical GPU
-	MIGUUID  string
-	Resource string
-	IDs      int
+	UUID    string // the physical GPU
+	MIGUUID string
+	IDs     int
 }
 
 // MIGUsage is one container's use of one MIG device, from the processes
@@ -128,7 +128,7 @@ type Result struct {
 	// Allocated counts distinct allocated replica IDs per GPU and resource.
 	Allocated map[ResourceGPU]int
 	// MIGHoldings are the holdings of MIG devices, sorted by GPU, MIG
-	// device, namespace, pod, container and resource. Each is also in
+	// device, namespace, pod and container. Each is also in
 	// Holdings, summed into its GPU.
 	MIGHoldings []MIGHolding
 	// MIGUsage is the usage of MIG devices, sorted by GPU, MIG device,
@@ -146,11 +146,6 @@ type holdingKey struct {
 	c              Container
 }
 
-type migKey struct {
-	mig, resource string
-	c             Container
-}
-
 // Join computes the Result. It never fails: what cannot be attributed is
 // reported as unattributed, never dropped.
 func Join(in Input) Result {
@@ -165,8 +160,8 @@ func Join(in Input) Result {
 	// show yet (a container that started after the last status update).
 	ids := newDeviceIDs(in)
 	holdings := map[holdingKey]*Holding{}
-	migHoldings := map[migKey]*MIGHolding{}
-	holdersOf := map[podGPU][]Container{} // (namespace/pod, uuid) → holders
+	migHoldings := map[usageKey]*MIGHolding{} // keyed by MIG UUID
+	holdersOf := map[podGPU][]Container{}     // (namespace/pod, uuid) → holders
 	seenID := map[string]bool{}
 	for _, a := range in.Allocations {
 		for _, raw := range a.DeviceIDs {
@@ -187,10 +182,10 @@ func Join(in Input) Result {
 			}
 			h.IDs++
 			if mig != "" {
-				mk := migKey{mig: mig, resource: a.Resource, c: c}
+				mk := usageKey{uuid: mig, c: c}
 				m := migHoldings[mk]
 				if m == nil {
-					m = &MIGHolding{Container: c, UUID: uuid, MIGUUID: mig, Resource: a.Resource}
+					m = &MIGHolding{Container: c, UUID: uuid, MIGUUID: mig}
 					migHoldings[mk] = m
 				}
 				m.IDs++
@@ -208,7 +203,7 @@ func Join(in Input) Result {
 		return cmp.Or(compare(a.UUID, a.Container, b.UUID, b.Container), strings.Compare(a.Resource, b.Resource))
 	})
 	res.MIGHoldings = sorted(migHoldings, func(a, b *MIGHolding) int {
-		return cmp.Or(strings.Compare(a.UUID, b.UUID), compare(a.MIGUUID, a.Container, b.MIGUUID, b.Container), strings.Compare(a.Resource, b.Resource))
+		return cmp.Or(strings.Compare(a.UUID, b.UUID), compare(a.MIGUUID, a.Container, b.MIGUUID, b.Container))
 	})
 
 	for _, a := range in.Allocatable {

@@ -80,8 +80,8 @@ func TestJoinMIG(t *testing.T) {
 			{Container: ctr("ml", "small", "main", ""), UUID: gpuA, Resource: res1g, IDs: 1},
 		},
 		migHold: []MIGHolding{
-			{Container: ctr("ml", "big", "main", ""), UUID: gpuA, MIGUUID: migA1, Resource: res2g, IDs: 1},
-			{Container: ctr("ml", "small", "main", ""), UUID: gpuA, MIGUUID: migA2, Resource: res1g, IDs: 1},
+			{Container: ctr("ml", "big", "main", ""), UUID: gpuA, MIGUUID: migA1, IDs: 1},
+			{Container: ctr("ml", "small", "main", ""), UUID: gpuA, MIGUUID: migA2, IDs: 1},
 		},
 		alloc:    map[ResourceGPU]int{{gpuA, res2g}: 1, {gpuA, res1g}: 1},
 		replicas: map[ResourceGPU]int{{gpuA, res2g}: 1, {gpuA, res1g}: 1},
@@ -106,8 +106,8 @@ func TestJoinMIG(t *testing.T) {
 		},
 		hold: []Holding{{Container: ctr("ml", "big", "main", ""), UUID: gpuA, Resource: resG, IDs: 3}},
 		migHold: []MIGHolding{
-			{Container: ctr("ml", "big", "main", ""), UUID: gpuA, MIGUUID: migA1, Resource: resG, IDs: 2},
-			{Container: ctr("ml", "big", "main", ""), UUID: gpuA, MIGUUID: migA2, Resource: resG, IDs: 1},
+			{Container: ctr("ml", "big", "main", ""), UUID: gpuA, MIGUUID: migA1, IDs: 2},
+			{Container: ctr("ml", "big", "main", ""), UUID: gpuA, MIGUUID: migA2, IDs: 1},
 		},
 		alloc:    map[ResourceGPU]int{{gpuA, resG}: 3},
 		replicas: map[ResourceGPU]int{{gpuA, resG}: 6},
@@ -124,8 +124,8 @@ func TestJoinMIG(t *testing.T) {
 		},
 		hold: []Holding{{Container: ctr("ml", "small", "main", ""), UUID: gpuB, Resource: res1g, IDs: 2}},
 		migHold: []MIGHolding{
-			{Container: ctr("ml", "small", "main", ""), UUID: gpuB, MIGUUID: migB1, Resource: res1g, IDs: 1},
-			{Container: ctr("ml", "small", "main", ""), UUID: gpuB, MIGUUID: migOld, Resource: res1g, IDs: 1},
+			{Container: ctr("ml", "small", "main", ""), UUID: gpuB, MIGUUID: migB1, IDs: 1},
+			{Container: ctr("ml", "small", "main", ""), UUID: gpuB, MIGUUID: migOld, IDs: 1},
 		},
 		alloc:    map[ResourceGPU]int{{gpuB, res1g}: 2},
 		replicas: map[ResourceGPU]int{{gpuB, res1g}: 2},
@@ -146,8 +146,8 @@ func TestJoinMIG(t *testing.T) {
 			{Container: ctr("ml", "two", "a", ""), UUID: gpuA, Resource: res2g, IDs: 1},
 		},
 		migHold: []MIGHolding{
-			{Container: ctr("ml", "two", "a", ""), UUID: gpuA, MIGUUID: migA1, Resource: res2g, IDs: 1},
-			{Container: ctr("ml", "two", "a", ""), UUID: gpuA, MIGUUID: migA2, Resource: res1g, IDs: 1},
+			{Container: ctr("ml", "two", "a", ""), UUID: gpuA, MIGUUID: migA1, IDs: 1},
+			{Container: ctr("ml", "two", "a", ""), UUID: gpuA, MIGUUID: migA2, IDs: 1},
 		},
 		alloc: map[ResourceGPU]int{{gpuA, res2g}: 1, {gpuA, res1g}: 1},
 	}}
