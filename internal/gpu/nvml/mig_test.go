@@ -23,6 +23,9 @@ type migSlot struct {
 	memRet   nvml.Return // of GetMemoryInfo; SUCCESS when zero
 	uuidRet  nvml.Return // of GetUUID; SUCCESS when zero
 	handleOK bool        // false: GetMigDeviceHandleByIndex fails with ERROR_UNKNOWN
+	// procs is what the MIG handle lists; NVML fills the instance IDs
+	// there too.
+	procs []nvml.ProcessInfo
 }
 
 func orSuccess(r nvml.Return) nvml.Return {
@@ -54,6 +57,9 @@ func enableMIG(g *dgxa100.Device, slots []*migSlot) {
 			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return s.gi, nvml.SUCCESS },
 			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return s.ci, nvml.SUCCESS },
 			GetNameFunc:              func() (string, nvml.Return) { return s.name, nvml.SUCCESS },
+			GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) {
+				return s.procs, nvml.SUCCESS
+			},
 			GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) {
 				return nvml.Memory{Total: s.total, Used: s.used, Free: s.total - s.used}, orSuccess(s.memRet)
 			},
@@ -79,7 +85,9 @@ func TestMIG(t *testing.T) {
 		name  string
 		slots []*migSlot
 		procs []nvml.ProcessInfo
-		want  []gpu.MIGDevice
+		// procsRet is the return of the GPU's own process list.
+		procsRet nvml.Return
+		want     []gpu.MIGDevice
 		// wantProcs are the processes' instance fields, by PID order.
 		wantProcs []gpu.Process
 	}{{
@@ -119,13 +127,45 @@ func TestMIG(t *testing.T) {
 		want: []gpu.MIGDevice{
 			{Index: 0, UUID: migOld, Name: "NVIDIA A100-SXM4-40GB MIG 1g.5gb", GPUInstanceID: 13, ComputeInstanceID: 0},
 		},
+	}, {
+		// Without the privileges for the whole GPU's list, NVML answers
+		// NO_PERMISSION there; each MIG handle still lists its own.
+		name:     "unprivileged: processes come from the MIG devices' lists",
+		procsRet: nvml.ERROR_NO_PERMISSION,
+		slots: []*migSlot{
+			{uuid: mig1, gi: 1, ci: 0, total: 20 * gib, used: 3 * gib, handleOK: true,
+				procs: []nvml.ProcessInfo{{Pid: 10, UsedGpuMemory: 3 * gib, GpuInstanceId: 1, ComputeInstanceId: 0}}},
+			{uuid: mig2, gi: 2, ci: 0, total: 10 * gib, used: 1 * gib, handleOK: true,
+				procs: []nvml.ProcessInfo{{Pid: 20, UsedGpuMemory: 1 * gib, GpuInstanceId: 2, ComputeInstanceId: 0}}},
+		},
+		want: []gpu.MIGDevice{
+			{Index: 0, UUID: mig1, GPUInstanceID: 1, ComputeInstanceID: 0, MemoryTotalBytes: 20 * gib, MemoryUsedBytes: 3 * gib, HasMemory: true},
+			{Index: 1, UUID: mig2, GPUInstanceID: 2, ComputeInstanceID: 0, MemoryTotalBytes: 10 * gib, MemoryUsedBytes: 1 * gib, HasMemory: true},
+		},
+		wantProcs: []gpu.Process{
+			{PID: 10, UsedMemoryBytes: 3 * gib, InMIG: true, GPUInstanceID: 1, ComputeInstanceID: 0},
+			{PID: 20, UsedMemoryBytes: 1 * gib, InMIG: true, GPUInstanceID: 2, ComputeInstanceID: 0},
+		},
+	}, {
+		name: "the GPU's list gives no instance; the MIG device's list places the process, counted once",
+		slots: []*migSlot{
+			{uuid: mig1, gi: 1, ci: 0, total: 20 * gib, used: 2 * gib, handleOK: true,
+				procs: []nvml.ProcessInfo{{Pid: 10, UsedGpuMemory: 2 * gib, GpuInstanceId: 1, ComputeInstanceId: 0}}},
+		},
+		procs: []nvml.ProcessInfo{
+			{Pid: 10, UsedGpuMemory: 2 * gib, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF},
+		},
+		want: []gpu.MIGDevice{
+			{Index: 0, UUID: mig1, GPUInstanceID: 1, ComputeInstanceID: 0, MemoryTotalBytes: 20 * gib, MemoryUsedBytes: 2 * gib, HasMemory: true},
+		},
+		wantProcs: []gpu.Process{{PID: 10, UsedMemoryBytes: 2 * gib, InMIG: true, GPUInstanceID: 1, ComputeInstanceID: 0}},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newNode(t)
 			g := n.gpus[2]
 			enableMIG(g, tc.slots)
-			g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return tc.procs, nvml.SUCCESS }
+			g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return tc.procs, orSuccess(tc.procsRet) }
 			s := snapshot(t, n.open(t))
 			if len(s.Failed) != 0 || len(s.Devices) != 8 {
 				t.Fatalf("Failed %v, %d devices; want 8 read", s.Failed, len(s.Devices))

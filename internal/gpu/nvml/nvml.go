@@ -258,20 +258,21 @@ func (e *callError) Unwrap() error { return e.ret }
 
 // The optional readings, named as in logs and errors.
 const (
-	callName        = "get name"
-	callUtilization = "get utilization"
-	callTemperature = "get temperature"
-	callPower       = "get power usage"
-	callCompute     = "get compute processes"
-	callGraphics    = "get graphics processes"
-	callProcessUtil = "get process utilization"
-	callMIGMode     = "get MIG mode"
-	callMIGCount    = "get max MIG device count"
-	callMIGHandle   = "get MIG device handle"
-	callMIGUUID     = "get MIG device uuid"
-	callMIGInstance = "get MIG device instance IDs"
-	callMIGName     = "get MIG device name"
-	callMIGMemory   = "get MIG device memory info"
+	callName         = "get name"
+	callUtilization  = "get utilization"
+	callTemperature  = "get temperature"
+	callPower        = "get power usage"
+	callCompute      = "get compute processes"
+	callGraphics     = "get graphics processes"
+	callProcessUtil  = "get process utilization"
+	callMIGMode      = "get MIG mode"
+	callMIGCount     = "get max MIG device count"
+	callMIGHandle    = "get MIG device handle"
+	callMIGUUID      = "get MIG device uuid"
+	callMIGInstance  = "get MIG device instance IDs"
+	callMIGName      = "get MIG device name"
+	callMIGMemory    = "get MIG device memory info"
+	callMIGProcesses = "get MIG device compute processes"
 )
 
 // reading is one optional reading of one GPU.
@@ -384,10 +385,11 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	} else {
 		d.Missing |= gpu.ReadingPower
 	}
-	if err := b.readMIG(h, &d); err != nil {
+	migProcs, err := b.readMIG(h, &d)
+	if err != nil {
 		return fail(err)
 	}
-	procs, err := b.readProcesses(h, d.UUID, d.MIGEnabled)
+	procs, err := b.readProcesses(h, d.UUID, d.MIGEnabled, migProcs)
 	if err != nil {
 		return fail(err)
 	}
@@ -395,44 +397,61 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	return d, nil
 }
 
+// migProcesses is the compute process list of one MIG device.
+type migProcesses struct {
+	gi, ci int
+	list   []nvml.ProcessInfo
+}
+
 // readMIG reads the GPU's MIG mode and, when it is on, each MIG device's
-// UUID, instance IDs, name and memory, through the MIG device handles. All
-// of it is optional: a GPU that does not support MIG (NOT_SUPPORTED) is a
-// GPU without MIG, and a MIG device whose UUID or instance IDs cannot be
-// read is left out (nothing could be joined to it). Its error is a GPU
-// that is gone.
-func (b *Backend) readMIG(h nvml.Device, d *gpu.Device) error {
+// UUID, instance IDs, name, memory and processes, through the MIG device
+// handles. All of it is optional: a GPU that does not support MIG
+// (NOT_SUPPORTED) is a GPU without MIG, and a MIG device whose UUID or
+// instance IDs cannot be read is left out (nothing could be joined to it).
+// Its error is a GPU that is gone.
+func (b *Backend) readMIG(h nvml.Device, d *gpu.Device) ([]migProcesses, error) {
 	current, _, ret := h.GetMigMode()
 	if ok, err := b.optional(d.UUID, callMIGMode, ret); err != nil || !ok {
-		return err
+		return nil, err
 	}
 	if current != nvml.DEVICE_MIG_ENABLE {
-		return nil
+		return nil, nil
 	}
 	d.MIGEnabled = true
 	n, ret := h.GetMaxMigDeviceCount()
 	if ok, err := b.optional(d.UUID, callMIGCount, ret); err != nil || !ok {
-		return err
+		return nil, err
 	}
+	var procs []migProcesses
 	for i := range n {
 		mh, ret := h.GetMigDeviceHandleByIndex(i)
 		if ret == nvml.ERROR_NOT_FOUND {
 			continue // a slot without a MIG device
 		}
 		if ok, err := b.optional(d.UUID, callMIGHandle, ret); err != nil {
-			return err
+			return nil, err
 		} else if !ok {
 			continue
 		}
 		m, ok, err := b.readMIGDevice(mh, d.UUID, i)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if ok {
-			d.MIGDevices = append(d.MIGDevices, m)
+		if !ok {
+			continue
+		}
+		d.MIGDevices = append(d.MIGDevices, m)
+		// The GPU's handle lists the processes of every instance only to
+		// a caller with enough privileges; a MIG device's handle lists
+		// its own (NVML API Reference, nvmlDeviceGetComputeRunningProcesses).
+		list, ret := mh.GetComputeRunningProcesses()
+		if ok, err := b.optional(d.UUID, callMIGProcesses, ret); err != nil {
+			return nil, err
+		} else if ok && len(list) > 0 {
+			procs = append(procs, migProcesses{gi: m.GPUInstanceID, ci: m.ComputeInstanceID, list: list})
 		}
 	}
-	return nil
+	return procs, nil
 }
 
 // readMIGDevice reads MIG device i of GPU uuid. ok is false when its
@@ -480,10 +499,12 @@ const noInstance = ^uint32(0)
 // with both kinds of context is listed in both, each time with its whole
 // memory, so it counts once with the larger figure) and adds each process's
 // SM utilization averaged since the previous reading. On a MIG-enabled GPU
-// each process keeps the GPU and compute instance NVML lists it in. Its
-// error is a GPU that is gone; a list or the samples that cannot be read
-// are left out.
-func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool) ([]gpu.Process, error) {
+// each process keeps the GPU and compute instance NVML lists it in, and
+// the lists of the MIG devices (migProcs) add the processes the GPU's own
+// list lacks and the instance of those it gives without one. Its error is
+// a GPU that is gone; a list or the samples that cannot be read are left
+// out.
+func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs []migProcesses) ([]gpu.Process, error) {
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
 		for _, p := range list {
@@ -516,6 +537,23 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool) ([]gpu.Pro
 		return nil, err
 	} else if ok {
 		add(graphics)
+	}
+	for _, m := range migProcs {
+		for _, p := range m.list {
+			mem := p.UsedGpuMemory
+			if mem == notAvailable {
+				mem = 0
+			}
+			j := slices.IndexFunc(procs, func(q gpu.Process) bool { return q.PID == int(p.Pid) })
+			if j < 0 {
+				procs = append(procs, gpu.Process{PID: int(p.Pid)})
+				j = len(procs) - 1
+			}
+			procs[j].UsedMemoryBytes = max(procs[j].UsedMemoryBytes, mem)
+			if !procs[j].InMIG || procs[j].ComputeInstanceID < 0 {
+				procs[j].InMIG, procs[j].GPUInstanceID, procs[j].ComputeInstanceID = true, m.gi, m.ci
+			}
+		}
 	}
 	if len(procs) == 0 {
 		return nil, nil
