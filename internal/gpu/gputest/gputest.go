@@ -96,8 +96,9 @@ func (g GPUSpec) WithUnsupported(r gpu.Readings) GPUSpec {
 }
 
 // WithMIG returns g with MIG mode on and these MIG devices. As NVML does on
-// a MIG-enabled GPU, it gives no device utilization. Only the Fake and
-// Snapshot carry MIG: the sim file has no MIG yet, and SimFile drops it.
+// a MIG-enabled GPU, it gives no device utilization. The sim file gives
+// every MIG device memory: one without HasMemory reads back with its used
+// memory summed from its processes.
 func (g GPUSpec) WithMIG(devices ...gpu.MIGDevice) GPUSpec {
 	g = g.WithUnsupported(gpu.ReadingUtilization)
 	g.MIGEnabled = true
@@ -172,7 +173,18 @@ func SimFile(gpus ...GPUSpec) sim.File {
 			if p.HasSMUtilization {
 				sp.SMUtilization = &p.SMUtilization
 			}
+			if p.InMIG {
+				sp.GPUInstance, sp.ComputeInstance = &p.GPUInstanceID, &p.ComputeInstanceID
+			}
 			s.Processes = append(s.Processes, sp)
+		}
+		for _, m := range g.MIGDevices {
+			sm := sim.MIGDevice{UUID: m.UUID, Name: m.Name, GPUInstance: m.GPUInstanceID,
+				ComputeInstance: m.ComputeInstanceID, MemoryTotalBytes: m.MemoryTotalBytes}
+			if m.HasMemory {
+				sm.MemoryUsedBytes = &m.MemoryUsedBytes
+			}
+			s.MIG = append(s.MIG, sm)
 		}
 		f.GPUs[i] = s
 	}
