@@ -2,7 +2,9 @@ package nvmlbackend_test
 
 import (
 	"errors"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -10,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpuslice/gpuslice/internal/gpu"
+	nvmlbackend "github.com/gpuslice/gpuslice/internal/gpu/nvml"
 )
 
 // migSlot is one MIG device of a mocked MIG-enabled GPU, or an empty slot
@@ -216,5 +219,33 @@ func TestMIGModeReading(t *testing.T) {
 				t.Fatalf("Failed = %v, MIGEnabled %v; want GPU 4 read without MIG", s.Failed, s.Devices[4].MIGEnabled)
 			}
 		})
+	}
+}
+
+// TestMIGFailureLoggedOnce: one MIG device failing a reading while another
+// answers is one lasting failure, logged once, not a reading that flaps.
+func TestMIGFailureLoggedOnce(t *testing.T) {
+	n := newNode(t)
+	var logs syncBuffer
+	b, err := nvmlbackend.New(n, nvmlbackend.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), XidPollTimeout: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	enableMIG(n.gpus[2], []*migSlot{
+		{uuid: mig1, gi: 1, ci: 0, total: gib, handleOK: true},
+		{uuid: mig2, gi: 2, ci: 0, total: gib, memRet: nvml.ERROR_UNKNOWN, handleOK: true},
+	})
+	for range 3 {
+		s := snapshot(t, b)
+		if got := len(s.Devices[2].MIGDevices); got != 2 {
+			t.Fatalf("%d MIG devices, want both (memory is optional)", got)
+		}
+	}
+	if w := logs.count("level=WARN", "get MIG device memory info (MIG device 1)"); w != 1 {
+		t.Errorf("MIG device 1 memory failing: %d warnings, want 1\n%s", w, logs.String())
+	}
+	if c := logs.count("MIG device 0"); c != 0 {
+		t.Errorf("MIG device 0, answering all along, logged %d times\n%s", c, logs.String())
 	}
 }

@@ -61,6 +61,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -275,6 +276,13 @@ const (
 	callMIGProcesses = "get MIG device compute processes"
 )
 
+// migCall names a call on MIG device i, so that each MIG device's
+// readings are logged apart: one device failing while another answers must
+// not read as one reading flapping.
+func migCall(call string, i int) string {
+	return call + " (MIG device " + strconv.Itoa(i) + ")"
+}
+
 // reading is one optional reading of one GPU.
 type reading struct {
 	uuid, call string
@@ -428,7 +436,7 @@ func (b *Backend) readMIG(h nvml.Device, d *gpu.Device) ([]migProcesses, error) 
 		if ret == nvml.ERROR_NOT_FOUND {
 			continue // a slot without a MIG device
 		}
-		if ok, err := b.optional(d.UUID, callMIGHandle, ret); err != nil {
+		if ok, err := b.optional(d.UUID, migCall(callMIGHandle, i), ret); err != nil {
 			return nil, err
 		} else if !ok {
 			continue
@@ -445,7 +453,7 @@ func (b *Backend) readMIG(h nvml.Device, d *gpu.Device) ([]migProcesses, error) 
 		// a caller with enough privileges; a MIG device's handle lists
 		// its own (NVML API Reference, nvmlDeviceGetComputeRunningProcesses).
 		list, ret := mh.GetComputeRunningProcesses()
-		if ok, err := b.optional(d.UUID, callMIGProcesses, ret); err != nil {
+		if ok, err := b.optional(d.UUID, migCall(callMIGProcesses, i), ret); err != nil {
 			return nil, err
 		} else if ok && len(list) > 0 {
 			procs = append(procs, migProcesses{gi: m.GPUInstanceID, ci: m.ComputeInstanceID, list: list})
@@ -460,25 +468,25 @@ func (b *Backend) readMIGDevice(mh nvml.Device, uuid string, i int) (m gpu.MIGDe
 	m.Index = i
 	var ret nvml.Return
 	m.UUID, ret = mh.GetUUID()
-	if ok, err := b.optional(uuid, callMIGUUID, ret); !ok {
+	if ok, err := b.optional(uuid, migCall(callMIGUUID, i), ret); !ok {
 		return m, false, err
 	}
 	m.GPUInstanceID, ret = mh.GetGpuInstanceId()
-	if ok, err := b.optional(uuid, callMIGInstance, ret); !ok {
+	if ok, err := b.optional(uuid, migCall(callMIGInstance, i), ret); !ok {
 		return m, false, err
 	}
 	m.ComputeInstanceID, ret = mh.GetComputeInstanceId()
-	if ok, err := b.optional(uuid, callMIGInstance, ret); !ok {
+	if ok, err := b.optional(uuid, migCall(callMIGInstance, i), ret); !ok {
 		return m, false, err
 	}
 	name, ret := mh.GetName()
-	if ok, err := b.optional(uuid, callMIGName, ret); err != nil {
+	if ok, err := b.optional(uuid, migCall(callMIGName, i), ret); err != nil {
 		return m, false, err
 	} else if ok {
 		m.Name = name
 	}
 	mem, ret := mh.GetMemoryInfo()
-	if ok, err := b.optional(uuid, callMIGMemory, ret); err != nil {
+	if ok, err := b.optional(uuid, migCall(callMIGMemory, i), ret); err != nil {
 		return m, false, err
 	} else if ok {
 		m.MemoryTotalBytes, m.MemoryUsedBytes, m.HasMemory = mem.Total, mem.Used, true
