@@ -2,9 +2,7 @@ package nvmlbackend_test
 
 import (
 	"errors"
-	"log/slog"
 	"testing"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -12,7 +10,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpuslice/gpuslice/internal/gpu"
-	nvmlbackend "github.com/gpuslice/gpuslice/internal/gpu/nvml"
 )
 
 // migSlot is one MIG device of a mocked MIG-enabled GPU, or an empty slot
@@ -226,12 +223,7 @@ func TestMIGModeReading(t *testing.T) {
 // answers is one lasting failure, logged once, not a reading that flaps.
 func TestMIGFailureLoggedOnce(t *testing.T) {
 	n := newNode(t)
-	var logs syncBuffer
-	b, err := nvmlbackend.New(n, nvmlbackend.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), XidPollTimeout: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b, logs := n.openLogged(t)
 	enableMIG(n.gpus[2], []*migSlot{
 		{uuid: mig1, gi: 1, ci: 0, total: gib, handleOK: true},
 		{uuid: mig2, gi: 2, ci: 0, total: gib, memRet: nvml.ERROR_UNKNOWN, handleOK: true},
