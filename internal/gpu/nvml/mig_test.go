@@ -205,7 +205,12 @@ func TestMIGModeReading(t *testing.T) {
 		t.Run(tc.ret.Error(), func(t *testing.T) {
 			n := newNode(t)
 			n.gpus[4].GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, tc.ret }
-			s := snapshot(t, n.open(t))
+			b, logs := n.openLogged(t)
+			s := snapshot(t, b)
+			// No MIG is no news; a failing MIG reading is.
+			if got, want := logs.count(n.gpus[4].UUID, "get MIG mode"), map[bool]int{true: 1}[tc.ret == nvml.ERROR_UNKNOWN]; got != want {
+				t.Errorf("%d log lines about the MIG mode, want %d\n%s", got, want, logs.String())
+			}
 			if tc.failed {
 				if len(s.Failed) != 1 || !errors.Is(&s.Failed[0], tc.ret) {
 					t.Fatalf("Failed = %v; want GPU 4 failed with %v", s.Failed, tc.ret)

@@ -419,6 +419,11 @@ type migProcesses struct {
 // Its error is a GPU that is gone.
 func (b *Backend) readMIG(h nvml.Device, d *gpu.Device) ([]migProcesses, error) {
 	current, _, ret := h.GetMigMode()
+	if ret == nvml.ERROR_NOT_SUPPORTED {
+		// Most GPUs have no MIG: that is no missing reading, and not
+		// worth a log line on every GeForce and workstation card.
+		return nil, nil
+	}
 	if ok, err := b.optional(d.UUID, callMIGMode, ret); err != nil || !ok {
 		return nil, err
 	}
