@@ -46,7 +46,9 @@
 // device handle (UUID, GPU and compute instance IDs, name, the instance's
 // own memory), and each process keeps the instances NVML lists it in, so
 // that the attribution can put it on its MIG device. The process lists and
-// the memory of the Device stay the whole GPU's.
+// the memory of the Device stay the whole GPU's. A GPU that does not
+// support MIG (NOT_SUPPORTED for its mode) is a GPU without MIG, and is not
+// logged.
 //
 // Xid events are read by a goroutine waiting on an NVML event set with
 // EventTypeXidCriticalError registered on every GPU that supports it; the
