@@ -32,6 +32,16 @@ var Exporter = []string{
 	"gpuslice_exporter_collect_success",
 }
 
+// ExporterMIG lists the metrics gpuslice-exporter serves only on a node
+// with MIG-enabled GPUs (docs/mig.md); beyond DESIGN.md.
+var ExporterMIG = []string{
+	"gpuslice_mig_info",
+	"gpuslice_mig_memory_total_bytes",
+	"gpuslice_mig_memory_used_bytes",
+	"gpuslice_container_mig_allocation",
+	"gpuslice_container_mig_memory_used_bytes",
+}
+
 // Tuner lists the metrics gpuslice-tuner serves (DESIGN.md, "Tuner metrics").
 var Tuner = []string{
 	"gpuslice_tuner_replicas",
@@ -74,7 +84,7 @@ var Prometheus = []string{"ALERTS"}
 // Known reports whether name is a metric that one of gpuslice's programs, or
 // Prometheus for each of their scrape targets, produces.
 func Known(name string) bool {
-	return slices.Contains(Exporter, name) || slices.Contains(Tuner, name) ||
+	return slices.Contains(Exporter, name) || slices.Contains(ExporterMIG, name) || slices.Contains(Tuner, name) ||
 		slices.Contains(Plugin, name) || slices.Contains(Scrape, name) ||
 		slices.Contains(Prometheus, name)
 }

@@ -8,10 +8,17 @@
 // processes' memory on that physical GPU, counted once, however many replica
 // IDs of that GPU the container holds. Time-sliced replicas are only
 // scheduling tokens; the memory belongs to the processes.
+//
+// MIG devices are allocations of the physical GPU they are carved from: a
+// MIG device ID counts as an ID of its parent GPU, found through the GPU
+// reading (each MIG device's UUID) or, in the old MIG-GPU-<uuid>/<gi>/<ci>
+// form, the ID itself. A process that NVML lists in a MIG instance is
+// also counted on its MIG device, beside its GPU.
 package attribution
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"strings"
 
@@ -56,6 +63,27 @@ type Holding struct {
 	IDs      int
 }
 
+// MIGHolding is the number of replica IDs of one MIG device a container
+// holds (1 for a MIG device that is not time-sliced). A MIG device is
+// advertised under one resource, which the container's Holding names.
+type MIGHolding struct {
+	Container
+	UUID    string // the physical GPU
+	MIGUUID string
+	IDs     int
+}
+
+// MIGUsage is one container's use of one MIG device, from the processes
+// that NVML lists in its GPU and compute instance.
+type MIGUsage struct {
+	Container
+	GPUIndex    int
+	UUID        string // the physical GPU
+	MIGUUID     string
+	MemoryBytes uint64
+	Processes   int
+}
+
 // ResourceGPU keys per-GPU, per-resource replica counts.
 type ResourceGPU struct {
 	UUID, Resource string
@@ -80,6 +108,10 @@ type Input struct {
 	Allocations []podresources.Allocation
 	// Allocatable is the kubelet's GetAllocatableResources.
 	Allocatable []podresources.Allocatable
+	// MIGParents maps MIG device UUIDs to their GPU's UUID, beside the MIG
+	// devices of Devices: the caller keeps those seen in earlier readings,
+	// so that allocations on a GPU that failed this reading still count.
+	MIGParents map[string]string
 }
 
 // Result is the join.
@@ -95,11 +127,23 @@ type Result struct {
 	Replicas map[ResourceGPU]int
 	// Allocated counts distinct allocated replica IDs per GPU and resource.
 	Allocated map[ResourceGPU]int
+	// MIGHoldings are the holdings of MIG devices, sorted by GPU, MIG
+	// device, namespace, pod and container. Each is also in
+	// Holdings, summed into its GPU.
+	MIGHoldings []MIGHolding
+	// MIGUsage is the usage of MIG devices, sorted by GPU, MIG device,
+	// namespace, pod and container. Each process in it is also in Usage.
+	MIGUsage []MIGUsage
 }
 
 type usageKey struct {
 	uuid string
 	c    Container
+}
+
+type holdingKey struct {
+	uuid, resource string
+	c              Container
 }
 
 // Join computes the Result. It never fails: what cannot be attributed is
@@ -114,26 +158,39 @@ func Join(in Input) Result {
 	// Allocations first: they name containers that hold a GPU, which is also
 	// the fallback for processes whose container ID the pod status does not
 	// show yet (a container that started after the last status update).
-	holdings := map[usageKey]*Holding{}
-	holdersOf := map[podGPU][]Container{} // (namespace/pod, uuid) → holders
+	ids := newDeviceIDs(in)
+	holdings := map[holdingKey]*Holding{}
+	migHoldings := map[usageKey]*MIGHolding{} // keyed by MIG UUID
+	holdersOf := map[podGPU][]Container{}     // (namespace/pod, uuid) → holders
 	seenID := map[string]bool{}
 	for _, a := range in.Allocations {
 		for _, raw := range a.DeviceIDs {
-			id, err := podresources.ParseDeviceID(raw)
-			if err != nil {
+			uuid, mig, ok := ids.gpuOf(raw)
+			if !ok {
 				continue
 			}
 			c := Container{Namespace: a.Namespace, Pod: a.Pod, Container: a.Container}
-			k := usageKey{uuid: id.UUID, c: c}
+			k := holdingKey{uuid: uuid, resource: a.Resource, c: c}
 			h := holdings[k]
 			if h == nil {
-				h = &Holding{Container: c, UUID: id.UUID, Resource: a.Resource}
+				h = &Holding{Container: c, UUID: uuid, Resource: a.Resource}
 				holdings[k] = h
-				pk := podGPU{ns: a.Namespace, pod: a.Pod, uuid: id.UUID}
-				holdersOf[pk] = append(holdersOf[pk], c)
+				pk := podGPU{ns: a.Namespace, pod: a.Pod, uuid: uuid}
+				if !slices.Contains(holdersOf[pk], c) {
+					holdersOf[pk] = append(holdersOf[pk], c)
+				}
 			}
 			h.IDs++
-			rk := ResourceGPU{UUID: id.UUID, Resource: a.Resource}
+			if mig != "" {
+				mk := usageKey{uuid: mig, c: c}
+				m := migHoldings[mk]
+				if m == nil {
+					m = &MIGHolding{Container: c, UUID: uuid, MIGUUID: mig}
+					migHoldings[mk] = m
+				}
+				m.IDs++
+			}
+			rk := ResourceGPU{UUID: uuid, Resource: a.Resource}
 			// The kubelet never gives one ID to two containers, but count
 			// distinct IDs anyway so a kubelet bug cannot inflate the gauge.
 			if key := a.Resource + "\x00" + raw; !seenID[key] {
@@ -142,15 +199,18 @@ func Join(in Input) Result {
 			}
 		}
 	}
-	res.Holdings = sorted(holdings, func(a, b *Holding) int { return compare(a.UUID, a.Container, b.UUID, b.Container) })
+	res.Holdings = sorted(holdings, func(a, b *Holding) int {
+		return cmp.Or(compare(a.UUID, a.Container, b.UUID, b.Container), strings.Compare(a.Resource, b.Resource))
+	})
+	res.MIGHoldings = sorted(migHoldings, func(a, b *MIGHolding) int {
+		return cmp.Or(strings.Compare(a.UUID, b.UUID), compare(a.MIGUUID, a.Container, b.MIGUUID, b.Container))
+	})
 
 	for _, a := range in.Allocatable {
 		for _, raw := range a.DeviceIDs {
-			id, err := podresources.ParseDeviceID(raw)
-			if err != nil {
-				continue
+			if uuid, _, ok := ids.gpuOf(raw); ok {
+				res.Replicas[ResourceGPU{UUID: uuid, Resource: a.Resource}]++
 			}
-			res.Replicas[ResourceGPU{UUID: id.UUID, Resource: a.Resource}]++
 		}
 	}
 
@@ -159,6 +219,7 @@ func Join(in Input) Result {
 		procs += len(d.Processes)
 	}
 	usage := make(map[usageKey]*Usage, procs)
+	migUsage := map[usageKey]*MIGUsage{} // keyed by MIG UUID
 	for _, d := range in.Devices {
 		for _, p := range d.Processes {
 			c, ok := Container{}, false
@@ -181,6 +242,21 @@ func Join(in Input) Result {
 				u.HasSM = true
 				u.SMUtilization += p.SMUtilization
 			}
+			if !p.InMIG {
+				continue
+			}
+			m, ok := d.MIGDevice(p.GPUInstanceID, p.ComputeInstanceID)
+			if !ok {
+				continue
+			}
+			mk := usageKey{uuid: m.UUID, c: c}
+			mu := migUsage[mk]
+			if mu == nil {
+				mu = &MIGUsage{Container: c, GPUIndex: d.Index, UUID: d.UUID, MIGUUID: m.UUID}
+				migUsage[mk] = mu
+			}
+			mu.MemoryBytes += p.UsedMemoryBytes
+			mu.Processes++
 		}
 		if _, ok := res.Unattributed[d.UUID]; !ok {
 			res.Unattributed[d.UUID] = 0
@@ -192,7 +268,55 @@ func Join(in Input) Result {
 		}
 	}
 	res.Usage = sorted(usage, func(a, b *Usage) int { return compare(a.UUID, a.Container, b.UUID, b.Container) })
+	res.MIGUsage = sorted(migUsage, func(a, b *MIGUsage) int {
+		return cmp.Or(strings.Compare(a.UUID, b.UUID), compare(a.MIGUUID, a.Container, b.MIGUUID, b.Container))
+	})
 	return res
+}
+
+// deviceIDs maps device IDs to GPUs for one join.
+type deviceIDs struct {
+	// migParent maps MIG device UUIDs to their GPU's UUID; nil on a node
+	// without MIG.
+	migParent map[string]string
+}
+
+func newDeviceIDs(in Input) deviceIDs {
+	var ids deviceIDs
+	for _, d := range in.Devices {
+		for _, m := range d.MIGDevices {
+			if ids.migParent == nil {
+				ids.migParent = make(map[string]string, len(in.MIGParents)+len(d.MIGDevices))
+				maps.Copy(ids.migParent, in.MIGParents)
+			}
+			ids.migParent[m.UUID] = d.UUID
+		}
+	}
+	if ids.migParent == nil {
+		ids.migParent = in.MIGParents
+	}
+	return ids
+}
+
+// gpuOf returns the UUID of the GPU that device ID raw is on and, for a MIG
+// device, the MIG device's UUID. ok is false for IDs that are not GPUs or
+// MIG devices, and for a MIG device in the "MIG-<uuid>" form that no GPU
+// reading has listed: only NVML knows its GPU.
+func (ids deviceIDs) gpuOf(raw string) (uuid, mig string, ok bool) {
+	if id, err := podresources.ParseDeviceID(raw); err == nil {
+		return id.UUID, "", true
+	}
+	m, err := podresources.ParseMIGDeviceID(raw)
+	if err != nil {
+		return "", "", false
+	}
+	if parent, ok := ids.migParent[m.UUID]; ok {
+		return parent, m.UUID, true
+	}
+	if m.ParentUUID != "" {
+		return m.ParentUUID, m.UUID, true
+	}
+	return "", "", false
 }
 
 // sorted returns the values of m in the order of cmp. It sorts pointers

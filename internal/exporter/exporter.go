@@ -78,6 +78,10 @@ type Exporter struct {
 	// index: relabelling them gpu="" would start new series, and a counter
 	// series that appears already above zero fires the OOM alert.
 	index map[string]string
+	// migParent is every MIG device UUID → its GPU's UUID seen so far, so
+	// that MIG allocations keep counting on their GPU in a scrape whose
+	// reading of that GPU fails, and in the OOM watch, which reads no GPU.
+	migParent map[string]string
 	// inputs are read in order, then joined; outputs need the join.
 	inputs, outputs []source
 	// health judges /healthz from the GPU readings (its own lock).
@@ -129,6 +133,7 @@ func New(cfg Config) *Exporter {
 		health: &health{max: cfg.MaxGPUFailures},
 
 		gpuResources: map[string]bool{},
+		migParent:    map[string]string{},
 	}
 	e.inputs = append(e.inputs, source{CollectorGPU, e.collectGPU})
 	if cfg.Kubelet != nil {
@@ -166,6 +171,7 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	sc := &scrape{ctx: ctx, em: emitter{ch: ch, series: e.series}, index: e.index}
 	sc.in.Pods = e.cfg.Pods
+	sc.in.MIGParents = e.migParent
 	for _, s := range e.inputs {
 		e.execute(sc, s)
 	}
@@ -253,6 +259,9 @@ func (e *Exporter) collectOOM(sc *scrape) bool {
 func (e *Exporter) updateIndex(s gpu.Snapshot) {
 	for _, d := range s.Devices {
 		e.index[d.UUID] = strconv.Itoa(d.Index)
+		for _, m := range d.MIGDevices {
+			e.migParent[m.UUID] = d.UUID
+		}
 	}
 	for _, f := range s.Failed {
 		if f.UUID != "" {

@@ -17,6 +17,7 @@ const ns = "gpuslice"
 var (
 	gpuLabels       = []string{"gpu", "uuid"}
 	containerLabels = []string{"namespace", "pod", "container", "gpu", "uuid"}
+	migLabels       = []string{"gpu", "uuid", "mig_uuid"}
 
 	gpuInfo = prometheus.NewDesc(ns+"_gpu_info",
 		"Information about a GPU; always 1.", []string{"gpu", "uuid", "name", "driver_version"}, nil)
@@ -49,6 +50,22 @@ var (
 	oomEvents = prometheus.NewDesc(ns+"_gpu_oom_events_total",
 		"GPU out-of-memory failures of a container, from its log or its termination status, each failure counted once.",
 		[]string{"namespace", "pod", "container", "gpu", "uuid", "source"}, nil)
+	// MIG devices (docs/mig.md): each MIG device of a MIG-enabled GPU, its
+	// own memory, and the containers holding and using it. The GPU-level
+	// series above keep counting MIG allocations and memory on the GPU.
+	migInfo = prometheus.NewDesc(ns+"_mig_info",
+		"Information about a MIG device of a MIG-enabled GPU; always 1.",
+		[]string{"gpu", "uuid", "mig_uuid", "name", "gpu_instance", "compute_instance"}, nil)
+	migMemTotal = prometheus.NewDesc(ns+"_mig_memory_total_bytes",
+		"Memory of the MIG device's GPU instance, its hardware share of the GPU's.", migLabels, nil)
+	migMemUsed = prometheus.NewDesc(ns+"_mig_memory_used_bytes",
+		"Memory in use in the MIG device's GPU instance, by any process.", migLabels, nil)
+	containerMIGAlloc = prometheus.NewDesc(ns+"_container_mig_allocation",
+		"Replica IDs of the MIG device that the container holds (1 for a MIG device that is not time-sliced); the resource is on gpuslice_container_gpu_allocation.",
+		[]string{"namespace", "pod", "container", "gpu", "uuid", "mig_uuid"}, nil)
+	containerMIGMem = prometheus.NewDesc(ns+"_container_mig_memory_used_bytes",
+		"GPU memory used by the container's processes in the MIG device's instance.",
+		[]string{"namespace", "pod", "container", "gpu", "uuid", "mig_uuid"}, nil)
 	collectDuration = prometheus.NewDesc(ns+"_exporter_collect_duration_seconds",
 		"Time the collector took in the last scrape.", []string{"collector"}, nil)
 	collectSuccess = prometheus.NewDesc(ns+"_exporter_collect_success",
@@ -85,6 +102,13 @@ func emitDevices(em emitter, s gpu.Snapshot) {
 		}
 		if !d.Missing.Has(gpu.ReadingPower) {
 			em.gauge(gpuPower, d.PowerWatts, idx, d.UUID)
+		}
+		for _, m := range d.MIGDevices {
+			em.gauge(migInfo, 1, idx, d.UUID, m.UUID, m.Name, strconv.Itoa(m.GPUInstanceID), strconv.Itoa(m.ComputeInstanceID))
+			if m.HasMemory {
+				em.gauge(migMemTotal, float64(m.MemoryTotalBytes), idx, d.UUID, m.UUID)
+				em.gauge(migMemUsed, float64(m.MemoryUsedBytes), idx, d.UUID, m.UUID)
+			}
 		}
 	}
 }
@@ -147,6 +171,12 @@ func emitAttribution(em emitter, r attribution.Result, index map[string]string) 
 	}
 	for uuid, b := range r.Unattributed {
 		em.gauge(unattributedMem, float64(b), index[uuid], uuid)
+	}
+	for _, h := range r.MIGHoldings {
+		em.gauge(containerMIGAlloc, float64(h.IDs), h.Namespace, h.Pod, h.Container.Container, index[h.UUID], h.UUID, h.MIGUUID)
+	}
+	for _, u := range r.MIGUsage {
+		em.gauge(containerMIGMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, strconv.Itoa(u.GPUIndex), u.UUID, u.MIGUUID)
 	}
 }
 

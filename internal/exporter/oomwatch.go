@@ -106,7 +106,7 @@ func (e *Exporter) watchOnce(ctx context.Context) {
 	}
 	now := e.cfg.Now()
 	byName := podsByName(e.cfg.Pods)
-	res := attribution.Join(attribution.Input{Allocations: allocs, Pods: e.cfg.Pods})
+	res := attribution.Join(attribution.Input{Allocations: allocs, Pods: e.cfg.Pods, MIGParents: e.migParent})
 	for _, h := range res.Holdings {
 		e.gpuResources[h.Resource] = true
 	}

@@ -26,6 +26,34 @@ type Process struct {
 	// utilization unsupported (MIG-enabled GPUs, old GPUs) or its call failed.
 	SMUtilization    float64
 	HasSMUtilization bool
+	// InMIG is true for a process in a MIG instance of a MIG-enabled GPU;
+	// GPUInstanceID and ComputeInstanceID then name the instance (NVML's
+	// IDs, from 0). ComputeInstanceID is -1 where the driver gave only the
+	// GPU instance. Outside MIG both are 0 and mean nothing.
+	InMIG             bool
+	GPUInstanceID     int
+	ComputeInstanceID int
+}
+
+// MIGDevice is one MIG device of a MIG-enabled GPU: a GPU instance with one
+// compute instance, what CUDA and the device plugin see as one device.
+type MIGDevice struct {
+	// Index is its place among its GPU's MIG devices, as
+	// nvmlDeviceGetMigDeviceHandleByIndex numbers them.
+	Index int
+	// UUID is the MIG device's UUID as NVML prints it: "MIG-<uuid>" from
+	// driver R470 on, "MIG-GPU-<gpu uuid>/<gi>/<ci>" before. The device
+	// plugin advertises it as the device ID.
+	UUID string
+	// Name is NVML's name for it, with the profile ("NVIDIA A100-SXM4-40GB
+	// MIG 1g.5gb"); empty when it could not be read.
+	Name                             string
+	GPUInstanceID, ComputeInstanceID int
+	// MemoryTotalBytes and MemoryUsedBytes are the instance's own memory,
+	// a hardware partition of the GPU's; HasMemory is false when NVML did
+	// not give them, and then they are 0, not a reading.
+	MemoryTotalBytes, MemoryUsedBytes uint64
+	HasMemory                         bool
 }
 
 // Device is one physical GPU as read at one moment.
@@ -45,8 +73,30 @@ type Device struct {
 	// call failed). Their fields are 0, which must not be shown as a
 	// reading: a power of 0 W or a utilization of 0 is a claim.
 	Missing Readings
-	// Processes holds compute and graphics processes, each PID once.
+	// Processes holds compute and graphics processes, each PID once. On
+	// a MIG-enabled GPU they are those of every MIG instance.
 	Processes []Process
+	// MIGEnabled is true when the GPU's current MIG mode is on; MIGDevices
+	// then lists the MIG devices that NVML gave, by Index.
+	MIGEnabled bool
+	MIGDevices []MIGDevice
+}
+
+// MIGDevice returns the MIG device of d that holds GPU instance gi and
+// compute instance ci; ci -1 matches a GPU instance with one MIG device.
+func (d *Device) MIGDevice(gi, ci int) (*MIGDevice, bool) {
+	var found *MIGDevice
+	for i := range d.MIGDevices {
+		m := &d.MIGDevices[i]
+		if m.GPUInstanceID != gi || (ci >= 0 && m.ComputeInstanceID != ci) {
+			continue
+		}
+		if found != nil {
+			return nil, false // ci unknown and the instance has several
+		}
+		found = m
+	}
+	return found, found != nil
 }
 
 // Readings is a set of a Device's optional readings. The zero value is the

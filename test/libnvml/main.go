@@ -27,7 +27,8 @@
 //     degrees, power whole milliwatts, as NVML gives them;
 //   - each Xid event of the file is delivered once per event set
 //     (XidCriticalError is the only event type supported);
-//   - MIG is not supported (as on an RTX A6000), nor NVLink, P2P, fabric,
+//   - MIG is not supported (as on an RTX A6000; a sim file's mig entries
+//     and processes' instances are ignored), nor NVLink, P2P, fabric,
 //     NUMA or vGPU queries; compute capability 8.6, Ampere architecture.
 //
 // A Go c-shared library carries its own Go runtime: loaded into a Go

@@ -95,6 +95,17 @@ func (g GPUSpec) WithUnsupported(r gpu.Readings) GPUSpec {
 	return g
 }
 
+// WithMIG returns g with MIG mode on and these MIG devices. As NVML does on
+// a MIG-enabled GPU, it gives no device utilization. The sim file gives
+// every MIG device memory: one without HasMemory reads back with its used
+// memory summed from its processes.
+func (g GPUSpec) WithMIG(devices ...gpu.MIGDevice) GPUSpec {
+	g = g.WithUnsupported(gpu.ReadingUtilization)
+	g.MIGEnabled = true
+	g.MIGDevices = slices.Clone(devices)
+	return g
+}
+
 // WithUtilization returns g with the device utilization u (0..1).
 func (g GPUSpec) WithUtilization(u float64) GPUSpec {
 	g.Utilization = u
@@ -162,7 +173,18 @@ func SimFile(gpus ...GPUSpec) sim.File {
 			if p.HasSMUtilization {
 				sp.SMUtilization = &p.SMUtilization
 			}
+			if p.InMIG {
+				sp.GPUInstance, sp.ComputeInstance = &p.GPUInstanceID, &p.ComputeInstanceID
+			}
 			s.Processes = append(s.Processes, sp)
+		}
+		for _, m := range g.MIGDevices {
+			sm := sim.MIGDevice{UUID: m.UUID, Name: m.Name, GPUInstance: m.GPUInstanceID,
+				ComputeInstance: m.ComputeInstanceID, MemoryTotalBytes: m.MemoryTotalBytes}
+			if m.HasMemory {
+				sm.MemoryUsedBytes = &m.MemoryUsedBytes
+			}
+			s.MIG = append(s.MIG, sm)
 		}
 		f.GPUs[i] = s
 	}
@@ -233,6 +255,7 @@ func Snapshot(gpus ...GPUSpec) gpu.Snapshot {
 		d := g.Device
 		d.Index = i
 		d.Processes = slices.Clone(g.Processes)
+		d.MIGDevices = slices.Clone(g.MIGDevices)
 		if d.MemoryUsedBytes == 0 {
 			for _, p := range d.Processes {
 				d.MemoryUsedBytes += p.UsedMemoryBytes
@@ -365,6 +388,7 @@ func cloneSnapshot(s gpu.Snapshot) gpu.Snapshot {
 	s.Devices = slices.Clone(s.Devices)
 	for i := range s.Devices {
 		s.Devices[i].Processes = slices.Clone(s.Devices[i].Processes)
+		s.Devices[i].MIGDevices = slices.Clone(s.Devices[i].MIGDevices)
 	}
 	s.Failed = slices.Clone(s.Failed)
 	return s

@@ -125,3 +125,25 @@ func TestFake(t *testing.T) {
 		t.Error("not Closed after Close")
 	}
 }
+
+// TestMIGThroughSimFile: a MIG scenario reads back from the sim backend as
+// Snapshot describes it.
+func TestMIGThroughSimFile(t *testing.T) {
+	g := gputest.GPU(gputest.UUID(0), 40<<30,
+		gpu.Process{PID: 10, UsedMemoryBytes: 3 << 30, InMIG: true, GPUInstanceID: 1, ComputeInstanceID: 0},
+		gpu.Process{PID: 20, UsedMemoryBytes: 1 << 30, InMIG: true, GPUInstanceID: 2, ComputeInstanceID: 0},
+	).WithMIG(
+		gpu.MIGDevice{Index: 0, UUID: "MIG-4ec5b3ae-5a4c-5c4f-a8a5-9d0f3e8e6b11", Name: "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+			GPUInstanceID: 1, MemoryTotalBytes: 20 << 30, MemoryUsedBytes: 3 << 30, HasMemory: true},
+		gpu.MIGDevice{Index: 1, UUID: "MIG-c6d4f1f9-1ba4-5a9e-8e1f-6b3a7e9d2c22", GPUInstanceID: 2,
+			MemoryTotalBytes: 10 << 30, MemoryUsedBytes: 2 << 30, HasMemory: true},
+	)
+	b, _ := gputest.NewSim(t, g)
+	got, err := b.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(gputest.Snapshot(g), got); diff != "" {
+		t.Errorf("sim snapshot (-want +got):\n%s", diff)
+	}
+}

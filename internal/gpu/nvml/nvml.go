@@ -42,6 +42,14 @@
 // the GPU; ERROR_UNKNOWN fails it from a required call and empties an
 // optional reading. Init failures name their usual cause and fix.
 //
+// On a GPU whose MIG mode is on, each MIG device is read through its MIG
+// device handle (UUID, GPU and compute instance IDs, name, the instance's
+// own memory), and each process keeps the instances NVML lists it in, so
+// that the attribution can put it on its MIG device. The process lists and
+// the memory of the Device stay the whole GPU's. A GPU that does not
+// support MIG (NOT_SUPPORTED for its mode) is a GPU without MIG, and is not
+// logged.
+//
 // Xid events are read by a goroutine waiting on an NVML event set with
 // EventTypeXidCriticalError registered on every GPU that supports it; the
 // set is created again after each re-initialization, and counts go on.
@@ -55,6 +63,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -252,14 +261,29 @@ func (e *callError) Unwrap() error { return e.ret }
 
 // The optional readings, named as in logs and errors.
 const (
-	callName        = "get name"
-	callUtilization = "get utilization"
-	callTemperature = "get temperature"
-	callPower       = "get power usage"
-	callCompute     = "get compute processes"
-	callGraphics    = "get graphics processes"
-	callProcessUtil = "get process utilization"
+	callName         = "get name"
+	callUtilization  = "get utilization"
+	callTemperature  = "get temperature"
+	callPower        = "get power usage"
+	callCompute      = "get compute processes"
+	callGraphics     = "get graphics processes"
+	callProcessUtil  = "get process utilization"
+	callMIGMode      = "get MIG mode"
+	callMIGCount     = "get max MIG device count"
+	callMIGHandle    = "get MIG device handle"
+	callMIGUUID      = "get MIG device uuid"
+	callMIGInstance  = "get MIG device instance IDs"
+	callMIGName      = "get MIG device name"
+	callMIGMemory    = "get MIG device memory info"
+	callMIGProcesses = "get MIG device compute processes"
 )
+
+// migCall names a call on MIG device i, so that each MIG device's
+// readings are logged apart: one device failing while another answers must
+// not read as one reading flapping.
+func migCall(call string, i int) string {
+	return call + " (MIG device " + strconv.Itoa(i) + ")"
+}
 
 // reading is one optional reading of one GPU.
 type reading struct {
@@ -371,7 +395,11 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	} else {
 		d.Missing |= gpu.ReadingPower
 	}
-	procs, err := b.readProcesses(h, d.UUID)
+	migProcs, err := b.readMIG(h, &d)
+	if err != nil {
+		return fail(err)
+	}
+	procs, err := b.readProcesses(h, d.UUID, d.MIGEnabled, migProcs)
 	if err != nil {
 		return fail(err)
 	}
@@ -379,17 +407,119 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	return d, nil
 }
 
+// migProcesses is the compute process list of one MIG device.
+type migProcesses struct {
+	gi, ci int
+	list   []nvml.ProcessInfo
+}
+
+// readMIG reads the GPU's MIG mode and, when it is on, each MIG device's
+// UUID, instance IDs, name, memory and processes, through the MIG device
+// handles. All of it is optional: a GPU that does not support MIG
+// (NOT_SUPPORTED) is a GPU without MIG, and a MIG device whose UUID or
+// instance IDs cannot be read is left out (nothing could be joined to it).
+// Its error is a GPU that is gone.
+func (b *Backend) readMIG(h nvml.Device, d *gpu.Device) ([]migProcesses, error) {
+	current, _, ret := h.GetMigMode()
+	if ret == nvml.ERROR_NOT_SUPPORTED {
+		// Most GPUs have no MIG: that is no missing reading, and not
+		// worth a log line on every GeForce and workstation card.
+		return nil, nil
+	}
+	if ok, err := b.optional(d.UUID, callMIGMode, ret); err != nil || !ok {
+		return nil, err
+	}
+	if current != nvml.DEVICE_MIG_ENABLE {
+		return nil, nil
+	}
+	d.MIGEnabled = true
+	n, ret := h.GetMaxMigDeviceCount()
+	if ok, err := b.optional(d.UUID, callMIGCount, ret); err != nil || !ok {
+		return nil, err
+	}
+	var procs []migProcesses
+	for i := range n {
+		mh, ret := h.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND {
+			continue // a slot without a MIG device
+		}
+		if ok, err := b.optional(d.UUID, migCall(callMIGHandle, i), ret); err != nil {
+			return nil, err
+		} else if !ok {
+			continue
+		}
+		m, ok, err := b.readMIGDevice(mh, d.UUID, i)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		d.MIGDevices = append(d.MIGDevices, m)
+		// The GPU's handle lists the processes of every instance only to
+		// a caller with enough privileges; a MIG device's handle lists
+		// its own (NVML API Reference, nvmlDeviceGetComputeRunningProcesses).
+		list, ret := mh.GetComputeRunningProcesses()
+		if ok, err := b.optional(d.UUID, migCall(callMIGProcesses, i), ret); err != nil {
+			return nil, err
+		} else if ok && len(list) > 0 {
+			procs = append(procs, migProcesses{gi: m.GPUInstanceID, ci: m.ComputeInstanceID, list: list})
+		}
+	}
+	return procs, nil
+}
+
+// readMIGDevice reads MIG device i of GPU uuid. ok is false when its
+// identity (UUID, instance IDs) could not be read.
+func (b *Backend) readMIGDevice(mh nvml.Device, uuid string, i int) (m gpu.MIGDevice, ok bool, err error) {
+	m.Index = i
+	var ret nvml.Return
+	m.UUID, ret = mh.GetUUID()
+	if ok, err := b.optional(uuid, migCall(callMIGUUID, i), ret); !ok {
+		return m, false, err
+	}
+	m.GPUInstanceID, ret = mh.GetGpuInstanceId()
+	if ok, err := b.optional(uuid, migCall(callMIGInstance, i), ret); !ok {
+		return m, false, err
+	}
+	m.ComputeInstanceID, ret = mh.GetComputeInstanceId()
+	if ok, err := b.optional(uuid, migCall(callMIGInstance, i), ret); !ok {
+		return m, false, err
+	}
+	name, ret := mh.GetName()
+	if ok, err := b.optional(uuid, migCall(callMIGName, i), ret); err != nil {
+		return m, false, err
+	} else if ok {
+		m.Name = name
+	}
+	mem, ret := mh.GetMemoryInfo()
+	if ok, err := b.optional(uuid, migCall(callMIGMemory, i), ret); err != nil {
+		return m, false, err
+	} else if ok {
+		m.MemoryTotalBytes, m.MemoryUsedBytes, m.HasMemory = mem.Total, mem.Used, true
+	}
+	return m, true, nil
+}
+
 // notAvailable is NVML_VALUE_NOT_AVAILABLE as an unsigned 64-bit value:
 // what some drivers (and any driver without permission) report as a
 // process's used memory.
 const notAvailable = ^uint64(0)
 
+// noInstance is what NVML puts in a process's GPU and compute instance IDs
+// outside MIG (0xFFFFFFFF).
+const noInstance = ^uint32(0)
+
 // readProcesses merges the compute and graphics process lists (a process
 // with both kinds of context is listed in both, each time with its whole
 // memory, so it counts once with the larger figure) and adds each process's
-// SM utilization averaged since the previous reading. Its error is a GPU
-// that is gone; a list or the samples that cannot be read are left out.
-func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, error) {
+// SM utilization averaged since the previous reading. On a MIG-enabled GPU
+// each process keeps the GPU and compute instance NVML lists it in, and
+// the lists of the MIG devices (migProcs) add the processes the GPU's own
+// list lacks and the instance of those it gives without one. Its error is
+// a GPU that is gone; a list or the samples that cannot be read are left
+// out.
+func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs []migProcesses) ([]gpu.Process, error) {
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
 		for _, p := range list {
@@ -401,7 +531,14 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, erro
 				procs[j].UsedMemoryBytes = max(procs[j].UsedMemoryBytes, mem)
 				continue
 			}
-			procs = append(procs, gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem})
+			proc := gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem}
+			if mig && p.GpuInstanceId != noInstance {
+				proc.InMIG, proc.GPUInstanceID, proc.ComputeInstanceID = true, int(p.GpuInstanceId), -1
+				if p.ComputeInstanceId != noInstance {
+					proc.ComputeInstanceID = int(p.ComputeInstanceId)
+				}
+			}
+			procs = append(procs, proc)
 		}
 	}
 	compute, ret := h.GetComputeRunningProcesses()
@@ -415,6 +552,23 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string) ([]gpu.Process, erro
 		return nil, err
 	} else if ok {
 		add(graphics)
+	}
+	for _, m := range migProcs {
+		for _, p := range m.list {
+			mem := p.UsedGpuMemory
+			if mem == notAvailable {
+				mem = 0
+			}
+			j := slices.IndexFunc(procs, func(q gpu.Process) bool { return q.PID == int(p.Pid) })
+			if j < 0 {
+				procs = append(procs, gpu.Process{PID: int(p.Pid)})
+				j = len(procs) - 1
+			}
+			procs[j].UsedMemoryBytes = max(procs[j].UsedMemoryBytes, mem)
+			if !procs[j].InMIG || procs[j].ComputeInstanceID < 0 {
+				procs[j].InMIG, procs[j].GPUInstanceID, procs[j].ComputeInstanceID = true, m.gi, m.ci
+			}
+		}
 	}
 	if len(procs) == 0 {
 		return nil, nil

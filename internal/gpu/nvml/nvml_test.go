@@ -486,16 +486,23 @@ func (b *syncBuffer) count(parts ...string) int {
 	return n
 }
 
-// TestOptionalReadingFailureLoggedOnce: a reading that keeps failing is
-// logged once per GPU and reading, again only after it has answered.
-func TestOptionalReadingFailureLoggedOnce(t *testing.T) {
-	n := newNode(t)
-	var logs syncBuffer
-	b, err := nvmlbackend.New(n, nvmlbackend.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), XidPollTimeout: 5 * time.Millisecond})
+// openLogged is open with the backend's log kept for the test to read.
+func (n *node) openLogged(t *testing.T) (*nvmlbackend.Backend, *syncBuffer) {
+	t.Helper()
+	logs := &syncBuffer{}
+	b, err := nvmlbackend.New(n, nvmlbackend.Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), XidPollTimeout: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
+	return b, logs
+}
+
+// TestOptionalReadingFailureLoggedOnce: a reading that keeps failing is
+// logged once per GPU and reading, again only after it has answered.
+func TestOptionalReadingFailureLoggedOnce(t *testing.T) {
+	n := newNode(t)
+	b, logs := n.openLogged(t)
 	g3, g4 := n.gpus[3], n.gpus[4]
 	var mu sync.Mutex
 	powerRet := nvml.ERROR_UNKNOWN

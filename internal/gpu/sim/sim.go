@@ -18,7 +18,13 @@
 //   - gpus[].unsupported: readings the GPU does not give, any of
 //     "utilization", "temperature", "power" (gpu.Device.Missing), as NVML
 //     answers NOT_SUPPORTED for power on a card without a sensor or for
-//     utilization on a MIG-enabled GPU.
+//     utilization on a MIG-enabled GPU;
+//   - gpus[].mig: the GPU has MIG mode on, with these MIG devices (uuid,
+//     name, gpuInstance, computeInstance, memoryTotalBytes and
+//     memoryUsedBytes, which defaults to the sum of the processes in that
+//     instance); its utilization is then unsupported, as NVML answers;
+//   - processes[].gpuInstance and computeInstance, on a GPU with mig: the
+//     MIG device the process runs in (both, naming one of gpus[].mig).
 //
 // Xid events: each xidEvents entry is one event. The count for a (GPU UUID,
 // Xid) pair is the number of entries with that Xid listed for that GPU, and
@@ -35,6 +41,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 
 	"gopkg.in/yaml.v3"
@@ -71,6 +78,19 @@ type GPU struct {
 	// Error, when set, makes this GPU fail every reading with this text.
 	Error     string    `yaml:"error,omitempty"`
 	Processes []Process `yaml:"processes,omitempty"`
+	// MIG, when set, turns MIG mode on with these MIG devices.
+	MIG []MIGDevice `yaml:"mig,omitempty"`
+}
+
+// MIGDevice is one MIG device of a simulated MIG-enabled GPU.
+type MIGDevice struct {
+	UUID             string `yaml:"uuid"`
+	Name             string `yaml:"name,omitempty"`
+	GPUInstance      int    `yaml:"gpuInstance"`
+	ComputeInstance  int    `yaml:"computeInstance"`
+	MemoryTotalBytes uint64 `yaml:"memoryTotalBytes"`
+	// MemoryUsedBytes, when nil, is the sum of its processes' memory.
+	MemoryUsedBytes *uint64 `yaml:"memoryUsedBytes,omitempty"`
 }
 
 // XidEvent is one Xid event on a GPU.
@@ -84,6 +104,10 @@ type Process struct {
 	UsedMemoryBytes uint64 `yaml:"usedMemoryBytes"`
 	// SMUtilization, when nil, means the process has no SM sample.
 	SMUtilization *float64 `yaml:"smUtilization,omitempty"`
+	// GPUInstance and ComputeInstance place the process in a MIG device
+	// of its GPU; nil outside MIG.
+	GPUInstance     *int `yaml:"gpuInstance,omitempty"`
+	ComputeInstance *int `yaml:"computeInstance,omitempty"`
 }
 
 // Backend reads the simulated node from its file. It is safe for concurrent
@@ -217,11 +241,35 @@ func (f *File) snapshot() gpu.Snapshot {
 				d.Processes[j].SMUtilization = *p.SMUtilization
 				d.Processes[j].HasSMUtilization = true
 			}
+			if p.GPUInstance != nil {
+				d.Processes[j].InMIG = true
+				d.Processes[j].GPUInstanceID, d.Processes[j].ComputeInstanceID = *p.GPUInstance, *p.ComputeInstance
+			}
 			used += p.UsedMemoryBytes
 		}
 		d.MemoryUsedBytes = used
 		if g.MemoryUsedBytes != nil {
 			d.MemoryUsedBytes = *g.MemoryUsedBytes
+		}
+		if len(g.MIG) > 0 {
+			d.MIGEnabled = true
+			d.Missing |= gpu.ReadingUtilization
+			d.Utilization = 0
+			d.MIGDevices = make([]gpu.MIGDevice, len(g.MIG))
+			for k, m := range g.MIG {
+				d.MIGDevices[k] = gpu.MIGDevice{Index: k, UUID: m.UUID, Name: m.Name,
+					GPUInstanceID: m.GPUInstance, ComputeInstanceID: m.ComputeInstance,
+					MemoryTotalBytes: m.MemoryTotalBytes, HasMemory: true}
+				if m.MemoryUsedBytes != nil {
+					d.MIGDevices[k].MemoryUsedBytes = *m.MemoryUsedBytes
+					continue
+				}
+				for _, p := range d.Processes {
+					if p.InMIG && p.GPUInstanceID == m.GPUInstance && p.ComputeInstanceID == m.ComputeInstance {
+						d.MIGDevices[k].MemoryUsedBytes += p.UsedMemoryBytes
+					}
+				}
+			}
 		}
 		s.Devices = append(s.Devices, d)
 	}
@@ -249,19 +297,27 @@ func Parse(data []byte) (*File, error) {
 	return &f, nil
 }
 
-// fieldError is a validation error about gpus[GPU] (and processes[Proc]
-// when Proc >= 0).
+// fieldError is a validation error about gpus[GPU] (and its List[Proc],
+// "processes" unless List says otherwise, when Proc >= 0).
 type fieldError struct {
 	GPU, Proc int
+	List      string
 	Field     string
 	Msg       string
 	line      int
 }
 
+func (e *fieldError) list() string {
+	if e.List == "" {
+		return "processes"
+	}
+	return e.List
+}
+
 func (e *fieldError) Error() string {
 	path := fmt.Sprintf("gpus[%d]", e.GPU)
 	if e.Proc >= 0 {
-		path += fmt.Sprintf(".processes[%d]", e.Proc)
+		path += fmt.Sprintf(".%s[%d]", e.list(), e.Proc)
 	}
 	if e.Field != "" {
 		path += "." + e.Field
@@ -293,6 +349,10 @@ func (f *File) validate() error {
 				return gerr("unsupported", "%q is not a reading (want utilization, temperature or power)", name)
 			}
 		}
+		instances, err := validateMIG(i, g.MIG)
+		if err != nil {
+			return err
+		}
 		pids := make(map[int]int, len(g.Processes))
 		for j, p := range g.Processes {
 			perr := func(field, format string, args ...any) error {
@@ -308,9 +368,46 @@ func (f *File) validate() error {
 			if p.SMUtilization != nil && !(*p.SMUtilization >= 0 && *p.SMUtilization <= 1) {
 				return perr("smUtilization", "%v is outside 0..1", *p.SMUtilization)
 			}
+			switch {
+			case p.GPUInstance == nil && p.ComputeInstance == nil:
+			case len(g.MIG) == 0:
+				return perr("gpuInstance", "the GPU has no mig devices")
+			case p.GPUInstance == nil || p.ComputeInstance == nil:
+				return perr("gpuInstance", "gpuInstance and computeInstance go together")
+			case !instances[[2]int{*p.GPUInstance, *p.ComputeInstance}]:
+				return perr("gpuInstance", "no mig device of this GPU has gpuInstance %d and computeInstance %d", *p.GPUInstance, *p.ComputeInstance)
+			}
 		}
 	}
 	return nil
+}
+
+// validateMIG checks the MIG devices of gpus[i] and returns their
+// (gpuInstance, computeInstance) pairs.
+func validateMIG(i int, devices []MIGDevice) (map[[2]int]bool, error) {
+	instances := make(map[[2]int]bool, len(devices))
+	uuids := make(map[string]int, len(devices))
+	for k, m := range devices {
+		merr := func(field, format string, args ...any) error {
+			return &fieldError{GPU: i, Proc: k, List: "mig", Field: field, Msg: fmt.Sprintf(format, args...)}
+		}
+		if !strings.HasPrefix(m.UUID, "MIG-") {
+			return nil, merr("uuid", "%q is not a MIG device UUID (MIG-<uuid>, or MIG-GPU-<uuid>/<gi>/<ci> on old drivers)", m.UUID)
+		}
+		if j, dup := uuids[m.UUID]; dup {
+			return nil, merr("uuid", "%q is also the uuid of mig[%d]", m.UUID, j)
+		}
+		uuids[m.UUID] = k
+		if m.GPUInstance < 0 || m.ComputeInstance < 0 {
+			return nil, merr("gpuInstance", "instance IDs must not be negative")
+		}
+		key := [2]int{m.GPUInstance, m.ComputeInstance}
+		if instances[key] {
+			return nil, merr("gpuInstance", "another mig device has gpuInstance %d and computeInstance %d", m.GPUInstance, m.ComputeInstance)
+		}
+		instances[key] = true
+	}
+	return instances, nil
 }
 
 // withLine adds the line of the entry a fieldError is about.
@@ -329,7 +426,7 @@ func withLine(data []byte, err error) error {
 	}
 	n = n.Content[fe.GPU]
 	if fe.Proc >= 0 {
-		if n = lookup(n, "processes"); n == nil || fe.Proc >= len(n.Content) {
+		if n = lookup(n, fe.list()); n == nil || fe.Proc >= len(n.Content) {
 			return err
 		}
 		n = n.Content[fe.Proc]

@@ -83,6 +83,30 @@ func TestSnapshotFiles(t *testing.T) {
 			wantXids: []gpu.XidCount{},
 		},
 		{
+			file: "mig.yaml",
+			want: gpu.Snapshot{
+				DriverVersion: "sim",
+				Devices: []gpu.Device{{
+					Index: 0, UUID: "GPU-a", Name: "NVIDIA A100-SXM4-40GB",
+					MemoryTotalBytes: 42949672960, MemoryUsedBytes: 4500,
+					Missing:    gpu.ReadingUtilization,
+					MIGEnabled: true,
+					MIGDevices: []gpu.MIGDevice{
+						{Index: 0, UUID: "MIG-4ec5b3ae-5a4c-5c4f-a8a5-9d0f3e8e6b11", Name: "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+							GPUInstanceID: 1, MemoryTotalBytes: 21474836480, MemoryUsedBytes: 3500, HasMemory: true},
+						{Index: 1, UUID: "MIG-c6d4f1f9-1ba4-5a9e-8e1f-6b3a7e9d2c22", Name: "NVIDIA A100-SXM4-40GB MIG 2g.10gb",
+							GPUInstanceID: 2, MemoryTotalBytes: 10737418240, MemoryUsedBytes: 2000, HasMemory: true},
+					},
+					Processes: []gpu.Process{
+						{PID: 10, UsedMemoryBytes: 3000, InMIG: true, GPUInstanceID: 1},
+						{PID: 11, UsedMemoryBytes: 500, InMIG: true, GPUInstanceID: 1},
+						{PID: 20, UsedMemoryBytes: 1000, InMIG: true, GPUInstanceID: 2},
+					},
+				}},
+			},
+			wantXids: []gpu.XidCount{},
+		},
+		{
 			file:     "no-gpus.yaml",
 			want:     gpu.Snapshot{DriverVersion: "sim", Devices: []gpu.Device{}},
 			wantXids: []gpu.XidCount{},
@@ -136,6 +160,10 @@ func TestSnapshotInvalidFiles(t *testing.T) {
 		{"malformed.yaml", []string{"line 3", "unexpected end of stream"}},
 		{"empty.yaml", []string{"file is empty"}},
 		{"unsupported-name.yaml", []string{"line 4", "gpus[0].unsupported", `"fan" is not a reading`}},
+		{"mig-unknown-instance.yaml", []string{"line 9", "gpus[0].processes[0].gpuInstance", "no mig device of this GPU has gpuInstance 2 and computeInstance 0"}},
+		{"mig-no-mig.yaml", []string{"line 7", "gpus[0].processes[0].gpuInstance", "the GPU has no mig devices"}},
+		{"mig-bad-uuid.yaml", []string{"line 6", "gpus[0].mig[1].uuid", `"GPU-c6d4f1f9-1ba4-5a9e-8e1f-6b3a7e9d2c22" is not a MIG device UUID`}},
+		{"mig-duplicate-instance.yaml", []string{"line 6", "gpus[0].mig[1].gpuInstance", "another mig device has gpuInstance 1 and computeInstance 0"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
