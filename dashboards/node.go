@@ -90,6 +90,16 @@ func Node() (dashboard.Dashboard, error) {
 			`sum by (gpu, resource) (gpuslice_gpu_replicas{`+gpuSel+`})`, "GPU {{gpu}} {{resource}} advertised").
 			Min(0).
 			Decimals(0).
+			LineInterpolation(common.LineInterpolationStepAfter)).
+		// max by drops instance, so a rollout's overlap counts no slot twice.
+		WithPanel(versus("Replicas held by idle pods",
+			"Solid: replica slots of each GPU held by containers that have run no kernel there for over an hour (gpuslice_container_gpu_idle_seconds). Dashed: replicas advertised. Slots held idle on a full GPU keep other pods Pending (alert GPUSliceIdleGPUHolder).",
+			units.Number, 9, 24,
+			`sum by (gpu) (max by (namespace, pod, container, gpu, uuid) (gpuslice_container_gpu_allocation{`+podSel+`})`+
+				` and on (namespace, pod, container, gpu, uuid) (max by (namespace, pod, container, gpu, uuid) (gpuslice_container_gpu_idle_seconds{`+podSel+`}) > 3600))`, "GPU {{gpu}} held idle",
+			`sum by (gpu) (gpuslice_gpu_replicas{`+gpuSel+`})`, "GPU {{gpu}} advertised").
+			Min(0).
+			Decimals(0).
 			LineInterpolation(common.LineInterpolationStepAfter))
 
 	b.WithRow(dashboard.NewRowBuilder("Events")).

@@ -72,6 +72,7 @@ type Exporter struct {
 	mu     sync.Mutex
 	proc   *procReader
 	ooms   *oomCounter
+	idle   *idleTracker
 	series *seriesCache
 	// index is every UUID → gpu label seen so far. A scrape whose GPU
 	// reading fails still labels allocation and OOM series with the GPU's
@@ -103,6 +104,8 @@ type scrape struct {
 	in    attribution.Input
 	index map[string]string
 	res   attribution.Result
+	// failed names the sources that failed in this scrape.
+	failed map[string]bool
 }
 
 // New builds an Exporter.
@@ -124,6 +127,7 @@ func New(cfg Config) *Exporter {
 		log:    cfg.Logger,
 		proc:   newProcReader(cfg.Procfs, cfg.Logger),
 		ooms:   newOOMCounter(),
+		idle:   newIdleTracker(),
 		series: newSeriesCache(),
 		index:  map[string]string{},
 		health: &health{max: cfg.MaxGPUFailures},
@@ -164,13 +168,14 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	defer e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	sc := &scrape{ctx: ctx, em: emitter{ch: ch, series: e.series}, index: e.index}
+	sc := &scrape{ctx: ctx, em: emitter{ch: ch, series: e.series}, index: e.index, failed: map[string]bool{}}
 	sc.in.Pods = e.cfg.Pods
 	for _, s := range e.inputs {
 		e.execute(sc, s)
 	}
 	sc.res = attribution.Join(sc.in)
 	emitAttribution(sc.em, sc.res, sc.index)
+	e.collectIdle(sc)
 	for _, s := range e.outputs {
 		e.execute(sc, s)
 	}
@@ -184,8 +189,26 @@ func (e *Exporter) execute(sc *scrape, s source) {
 	v := 0.0
 	if ok {
 		v = 1
+	} else {
+		sc.failed[s.name] = true
 	}
 	sc.em.gauge(collectSuccess, v, s.name)
+}
+
+// collectIdle reports how long each holder of a replica ID has not used its
+// GPU. It needs a whole join: with the allocations unread every holder would
+// be forgotten, and with the processes or pods unread a busy container would
+// look idle, so a scrape missing either reports no idle series and moves no
+// clock.
+func (e *Exporter) collectIdle(sc *scrape) {
+	if e.cfg.Kubelet == nil || sc.failed[CollectorPodResources] || sc.failed[CollectorProcfs] || sc.failed[CollectorPods] {
+		return
+	}
+	gpus := make(map[string]bool, len(sc.in.Devices))
+	for _, d := range sc.in.Devices {
+		gpus[d.UUID] = true
+	}
+	emitIdle(sc.em, e.idle.update(sc.res, gpus, e.cfg.Now()), sc.index)
 }
 
 // collectGPU reads the GPUs.

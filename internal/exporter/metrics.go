@@ -44,6 +44,8 @@ var (
 		"Share of the GPU's SMs the container's processes kept busy in the last sample period (0..1).", containerLabels, nil)
 	containerProcs = prometheus.NewDesc(ns+"_container_gpu_processes",
 		"Processes of the container with a context on the GPU.", containerLabels, nil)
+	containerIdle = prometheus.NewDesc(ns+"_container_gpu_idle_seconds",
+		"Time since the container, which holds replica IDs of the GPU, last had a process there that ran a kernel (0 while it does); counted from when this exporter first saw it hold the GPU.", containerLabels, nil)
 	unattributedMem = prometheus.NewDesc(ns+"_unattributed_gpu_memory_used_bytes",
 		"GPU memory used by processes that belong to no known pod container (host processes, pods not known yet).", gpuLabels, nil)
 	oomEvents = prometheus.NewDesc(ns+"_gpu_oom_events_total",
