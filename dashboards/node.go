@@ -126,7 +126,15 @@ func Node() (dashboard.Dashboard, error) {
 			WithTarget(target("A", `max by (gpu) (gpuslice_gpu_temperature_celsius{`+gpuSel+`})`, "GPU {{gpu}}"))).
 		WithPanel(timeSeries("Power", "GPU power draw.", units.Watt, 8, 12).
 			Min(0).
-			WithTarget(target("A", `max by (gpu) (gpuslice_gpu_power_watts{`+gpuSel+`})`, "GPU {{gpu}}")))
+			WithTarget(target("A", `max by (gpu) (gpuslice_gpu_power_watts{`+gpuSel+`})`, "GPU {{gpu}}"))).
+		WithPanel(timeSeries("Estimated power by pod",
+			"Stacked: each pod's share of the GPUs' power, estimated from gpuslice_container_gpu_energy_joules_total (the GPU's energy between scrapes split by the pods' SM utilization), and the part no pod's SMs account for (idle power, processes outside pods). An estimate: time-slicing gives no per-process power.",
+			units.Watt, 8, 24).
+			Min(0).
+			FillOpacity(35).
+			Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal).Group("A")).
+			WithTarget(target("A", `sum by (namespace, pod) (rate(gpuslice_container_gpu_energy_joules_total{`+podSel+`}[$__rate_interval]))`, "{{namespace}}/{{pod}}")).
+			WithTarget(target("B", `sum(rate(gpuslice_unattributed_gpu_energy_joules_total{`+gpuSel+`}[$__rate_interval]))`, "no pod (idle, outside pods)")))
 
 	return build(b)
 }

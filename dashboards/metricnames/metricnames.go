@@ -27,6 +27,8 @@ var Exporter = []string{
 	"gpuslice_container_gpu_utilization_ratio",
 	"gpuslice_container_gpu_processes",
 	"gpuslice_container_gpu_idle_seconds",
+	"gpuslice_container_gpu_energy_joules_total",
+	"gpuslice_unattributed_gpu_energy_joules_total",
 	"gpuslice_unattributed_gpu_memory_used_bytes",
 	"gpuslice_gpu_oom_events_total",
 	"gpuslice_exporter_collect_duration_seconds",

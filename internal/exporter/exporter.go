@@ -73,6 +73,7 @@ type Exporter struct {
 	proc   *procReader
 	ooms   *oomCounter
 	idle   *idleTracker
+	energy *energyMeter
 	series *seriesCache
 	// index is every UUID → gpu label seen so far. A scrape whose GPU
 	// reading fails still labels allocation and OOM series with the GPU's
@@ -128,6 +129,7 @@ func New(cfg Config) *Exporter {
 		proc:   newProcReader(cfg.Procfs, cfg.Logger),
 		ooms:   newOOMCounter(),
 		idle:   newIdleTracker(),
+		energy: newEnergyMeter(),
 		series: newSeriesCache(),
 		index:  map[string]string{},
 		health: &health{max: cfg.MaxGPUFailures},
@@ -176,6 +178,8 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	sc.res = attribution.Join(sc.in)
 	emitAttribution(sc.em, sc.res, sc.index)
 	e.collectIdle(sc)
+	e.energy.update(sc.in.Devices, sc.res, e.cfg.Now())
+	e.energy.emit(sc.em, sc.index)
 	for _, s := range e.outputs {
 		e.execute(sc, s)
 	}
