@@ -90,6 +90,16 @@ func Node() (dashboard.Dashboard, error) {
 			`sum by (gpu, resource) (gpuslice_gpu_replicas{`+gpuSel+`})`, "GPU {{gpu}} {{resource}} advertised").
 			Min(0).
 			Decimals(0).
+			LineInterpolation(common.LineInterpolationStepAfter)).
+		// max by drops instance, so a rollout's overlap counts no slot twice.
+		WithPanel(versus("Replicas held by idle pods",
+			"Solid: replica slots of each GPU held by containers that have run no kernel there for over an hour (gpuslice_container_gpu_idle_seconds). Dashed: replicas advertised. Slots held idle on a full GPU keep other pods Pending (alert GPUSliceIdleGPUHolder).",
+			units.Number, 9, 24,
+			`sum by (gpu) (max by (namespace, pod, container, gpu, uuid) (gpuslice_container_gpu_allocation{`+podSel+`})`+
+				` and on (namespace, pod, container, gpu, uuid) (max by (namespace, pod, container, gpu, uuid) (gpuslice_container_gpu_idle_seconds{`+podSel+`}) > 3600))`, "GPU {{gpu}} held idle",
+			`sum by (gpu) (gpuslice_gpu_replicas{`+gpuSel+`})`, "GPU {{gpu}} advertised").
+			Min(0).
+			Decimals(0).
 			LineInterpolation(common.LineInterpolationStepAfter))
 
 	b.WithRow(dashboard.NewRowBuilder("Events")).
@@ -116,7 +126,15 @@ func Node() (dashboard.Dashboard, error) {
 			WithTarget(target("A", `max by (gpu) (gpuslice_gpu_temperature_celsius{`+gpuSel+`})`, "GPU {{gpu}}"))).
 		WithPanel(timeSeries("Power", "GPU power draw.", units.Watt, 8, 12).
 			Min(0).
-			WithTarget(target("A", `max by (gpu) (gpuslice_gpu_power_watts{`+gpuSel+`})`, "GPU {{gpu}}")))
+			WithTarget(target("A", `max by (gpu) (gpuslice_gpu_power_watts{`+gpuSel+`})`, "GPU {{gpu}}"))).
+		WithPanel(timeSeries("Estimated power by pod",
+			"Stacked: each pod's share of the GPUs' power, estimated from gpuslice_container_gpu_energy_joules_total (the GPU's energy between scrapes split by the pods' SM utilization), and the part no pod's SMs account for (idle power, processes outside pods). An estimate: time-slicing gives no per-process power.",
+			units.Watt, 8, 24).
+			Min(0).
+			FillOpacity(35).
+			Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal).Group("A")).
+			WithTarget(target("A", `sum by (namespace, pod) (rate(gpuslice_container_gpu_energy_joules_total{`+podSel+`}[$__rate_interval]))`, "{{namespace}}/{{pod}}")).
+			WithTarget(target("B", `sum(rate(gpuslice_unattributed_gpu_energy_joules_total{`+gpuSel+`}[$__rate_interval]))`, "no pod (idle, outside pods)")))
 
 	return build(b)
 }

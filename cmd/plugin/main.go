@@ -37,7 +37,7 @@ type options struct {
 	source, configFile                 string
 	configMap, defaultKey              string
 	kubeconfig, nodeName               string
-	policy                             string
+	policy, guardrails                 string
 	healthInterval, recovery, heldPoll time.Duration
 	log                                logging.Flags
 }
@@ -61,6 +61,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --config.source=kubernetes; empty means in-cluster.")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "This node's name (env NODE_NAME).")
 	fs.StringVar(&o.policy, "preferred-allocation", string(plugin.Distributed), "GetPreferredAllocation policy: distributed (least shared GPU first) or packed.")
+	fs.StringVar(&o.guardrails, "memory-guardrails", "", "Resources (comma-separated, such as nvidia.com/gpu) whose containers get the memory guardrail variables (docs/plugin.md); empty: none.")
 	fs.DurationVar(&o.healthInterval, "health.interval", 5*time.Second, "How often GPUs are read for health.")
 	fs.DurationVar(&o.recovery, "health.recovery-interval", time.Minute, "How long a GPU must answer well after a critical Xid or failed reading before it is healthy again.")
 	fs.DurationVar(&o.heldPoll, "kubelet.pod-resources-interval", 10*time.Second, "How often the IDs in use are read from the PodResources API.")
@@ -101,6 +102,10 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--preferred-allocation: %w", err)
 	}
+	guardrails, err := plugin.ParseGuardrails(o.guardrails)
+	if err != nil {
+		return fmt.Errorf("--memory-guardrails: %w", err)
+	}
 	source, err := configSource(o)
 	if err != nil {
 		return err
@@ -115,7 +120,7 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := plugin.Options{
 		Backend: gpus, Source: source, DevicePluginDir: o.pluginDir, KubeletSocket: o.kubeletSocket,
-		Policy: policy, HealthInterval: o.healthInterval, RecoveryInterval: o.recovery, HeldInterval: o.heldPoll,
+		Policy: policy, Guardrails: guardrails, HealthInterval: o.healthInterval, RecoveryInterval: o.recovery, HeldInterval: o.heldPoll,
 		Registerer: reg, Logger: log,
 	}
 	if o.podResourcesSocket != "" {

@@ -37,6 +37,7 @@ func TestBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--preferred-allocation=random"}, "--preferred-allocation"},
+		{[]string{"--memory-guardrails=gpu"}, `--memory-guardrails: memory guardrails: "gpu" is not a resource name`},
 		{[]string{"--config.source=etcd"}, `unknown --config.source "etcd"`},
 		{[]string{"--config.source=kubernetes", "--config.configmap=cfg"}, "want <namespace>/<name>"},
 		{[]string{"--config.source=kubernetes", "--config.configmap=gpu/cfg", "--node-name="}, "needs --node-name"},

@@ -1,6 +1,7 @@
 // Command gpuslice-tuner decides how many pods may share each GPU of a node
 // from measured VRAM headroom and GPU OOM events. `run` is the controller;
-// `simulate` replays a trace offline through the same policy code.
+// `simulate` replays a trace offline through the same policy code; `status`
+// prints who shares which GPU, from the API server and the exporters.
 package main
 
 import (
@@ -11,11 +12,13 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 )
 
 const usage = `usage:
   gpuslice-tuner run --config tuner.yaml
-  gpuslice-tuner simulate --trace trace.yaml [--policy tuner|static:N] [--config tuner.yaml]`
+  gpuslice-tuner simulate --trace trace.yaml [--policy tuner|static:N] [--config tuner.yaml]
+  gpuslice-tuner status [--kubeconfig F] [--exporter NODE=URL ...] [-o text|json]`
 
 // errUsage marks a command line that could not be understood.
 var errUsage = errors.New("usage")
@@ -44,6 +47,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return runCommand(ctx, args[1:])
 	case "simulate":
 		return simulateCommand(ctx, args[1:], stdout, stderr)
+	case "status":
+		return statusCommand(ctx, args[1:], stdout, stderr, time.Now)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintln(stdout, usage)
 		return nil

@@ -72,6 +72,8 @@ type Exporter struct {
 	mu     sync.Mutex
 	proc   *procReader
 	ooms   *oomCounter
+	idle   *idleTracker
+	energy *energyMeter
 	series *seriesCache
 	// index is every UUID → gpu label seen so far. A scrape whose GPU
 	// reading fails still labels allocation and OOM series with the GPU's
@@ -107,6 +109,8 @@ type scrape struct {
 	in    attribution.Input
 	index map[string]string
 	res   attribution.Result
+	// failed names the sources that failed in this scrape.
+	failed map[string]bool
 }
 
 // New builds an Exporter.
@@ -128,6 +132,8 @@ func New(cfg Config) *Exporter {
 		log:    cfg.Logger,
 		proc:   newProcReader(cfg.Procfs, cfg.Logger),
 		ooms:   newOOMCounter(),
+		idle:   newIdleTracker(),
+		energy: newEnergyMeter(),
 		series: newSeriesCache(),
 		index:  map[string]string{},
 		health: &health{max: cfg.MaxGPUFailures},
@@ -169,7 +175,7 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	defer e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	sc := &scrape{ctx: ctx, em: emitter{ch: ch, series: e.series}, index: e.index}
+	sc := &scrape{ctx: ctx, em: emitter{ch: ch, series: e.series}, index: e.index, failed: map[string]bool{}}
 	sc.in.Pods = e.cfg.Pods
 	sc.in.MIGParents = e.migParent
 	for _, s := range e.inputs {
@@ -177,6 +183,9 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	}
 	sc.res = attribution.Join(sc.in)
 	emitAttribution(sc.em, sc.res, sc.index)
+	e.collectIdle(sc)
+	e.energy.update(sc.in.Devices, sc.res, e.cfg.Now())
+	e.energy.emit(sc.em, sc.index)
 	for _, s := range e.outputs {
 		e.execute(sc, s)
 	}
@@ -190,8 +199,26 @@ func (e *Exporter) execute(sc *scrape, s source) {
 	v := 0.0
 	if ok {
 		v = 1
+	} else {
+		sc.failed[s.name] = true
 	}
 	sc.em.gauge(collectSuccess, v, s.name)
+}
+
+// collectIdle reports how long each holder of a replica ID has not used its
+// GPU. It needs a whole join: with the allocations unread every holder would
+// be forgotten, and with the processes or pods unread a busy container would
+// look idle, so a scrape missing either reports no idle series and moves no
+// clock.
+func (e *Exporter) collectIdle(sc *scrape) {
+	if e.cfg.Kubelet == nil || sc.failed[CollectorPodResources] || sc.failed[CollectorProcfs] || sc.failed[CollectorPods] {
+		return
+	}
+	gpus := make(map[string]bool, len(sc.in.Devices))
+	for _, d := range sc.in.Devices {
+		gpus[d.UUID] = true
+	}
+	emitIdle(sc.em, e.idle.update(sc.res, gpus, e.cfg.Now()), sc.index)
 }
 
 // collectGPU reads the GPUs.

@@ -31,6 +31,7 @@ var goldenMetrics = []string{
 	"gpuslice_gpu_xid_errors_total", "gpuslice_gpu_replicas", "gpuslice_gpu_replicas_allocated",
 	"gpuslice_container_gpu_allocation", "gpuslice_container_gpu_memory_used_bytes",
 	"gpuslice_container_gpu_utilization_ratio", "gpuslice_container_gpu_processes",
+	"gpuslice_container_gpu_idle_seconds",
 	"gpuslice_unattributed_gpu_memory_used_bytes", "gpuslice_gpu_oom_events_total",
 	"gpuslice_exporter_collect_success",
 }

@@ -45,6 +45,12 @@ var (
 		"Share of the GPU's SMs the container's processes kept busy in the last sample period (0..1).", containerLabels, nil)
 	containerProcs = prometheus.NewDesc(ns+"_container_gpu_processes",
 		"Processes of the container with a context on the GPU.", containerLabels, nil)
+	containerIdle = prometheus.NewDesc(ns+"_container_gpu_idle_seconds",
+		"Time since the container, which holds replica IDs of the GPU, last had a process there that ran a kernel (0 while it does); counted from when this exporter first saw it hold the GPU.", containerLabels, nil)
+	containerEnergy = prometheus.NewDesc(ns+"_container_gpu_energy_joules_total",
+		"Estimated GPU energy of the container: the GPU's energy between two scrapes (mean power × time) apportioned by the container's share of SM utilization over that time. An estimate: time-slicing gives no per-process power.", containerLabels, nil)
+	unattributedEnergy = prometheus.NewDesc(ns+"_unattributed_gpu_energy_joules_total",
+		"Estimated GPU energy not apportioned to any container: idle power, processes outside pods and processes without an SM figure. With the containers' counters it adds up to the GPU's estimated energy.", gpuLabels, nil)
 	unattributedMem = prometheus.NewDesc(ns+"_unattributed_gpu_memory_used_bytes",
 		"GPU memory used by processes that belong to no known pod container (host processes, pods not known yet).", gpuLabels, nil)
 	oomEvents = prometheus.NewDesc(ns+"_gpu_oom_events_total",

@@ -56,6 +56,9 @@ type Options struct {
 	// <DevicePluginDir>/kubelet.sock.
 	KubeletSocket string
 	Policy        Policy // default Distributed
+	// Guardrails names the resources whose allocations get the memory
+	// guardrail variables (guardrails.go); nil or empty: none.
+	Guardrails map[string]bool
 	// HealthInterval is how often GPUs are read (default 5 s);
 	// RecoveryInterval how long a GPU must answer well after its last
 	// problem to be healthy again (default 1 min); HeldInterval how often

@@ -76,8 +76,10 @@ type setup struct {
 	gpus   []gputest.GPUSpec
 	pods   bool // serve a fake PodResources API
 	policy Policy
-	source Source // default: a FileSource on config
-	quiet  bool   // no logs (benchmarks)
+	// guardrails are the resources with memory guardrails.
+	guardrails map[string]bool
+	source     Source // default: a FileSource on config
+	quiet      bool   // no logs (benchmarks)
 }
 
 var quietLogger = slog.New(slog.DiscardHandler)
@@ -118,7 +120,7 @@ func start(t testing.TB, s setup) *harness {
 	}
 	p, err := New(Options{
 		Backend: h.gpus, Source: src, PodResources: lister,
-		DevicePluginDir: dir, Policy: s.policy,
+		DevicePluginDir: dir, Policy: s.policy, Guardrails: s.guardrails,
 		HealthInterval: 10 * time.Millisecond, HeldInterval: 20 * time.Millisecond, RecoveryInterval: time.Minute,
 		Registerer: h.reg, Logger: log, Now: h.clock.Now,
 	})

@@ -264,6 +264,9 @@ func (s *resourceServer) Allocate(_ context.Context, req *pluginapi.AllocateRequ
 			p.log.Warn("allocation refused", "resource", s.name, "devices", c.DevicesIds, "err", err)
 			return nil, err
 		}
+		if p.o.Guardrails[s.name] {
+			addGuardrails(env, pl, c.DevicesIds)
+		}
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{Envs: env})
 	}
 	for _, c := range req.ContainerRequests {

@@ -279,20 +279,20 @@ func writeConfig(t *testing.T, path string, replicas int) {
 
 // startPlugin runs gpuslice-plugin on the node with a config file of
 // replicas, reading the simulated GPU.
-func startPlugin(t *testing.T, configFile string) (*testproc.Process, string) {
+func startPlugin(t *testing.T, configFile string, extra ...string) (*testproc.Process, string) {
 	t.Helper()
 	n := need(t)
 	settleDevices(t)
 	addr := testproc.FreeAddr(t)
 	p := testproc.Start(t, "gpuslice-plugin", gpuEnv(t), testproc.Build(t, "cmd/plugin"),
-		append(gpuArgs(t),
+		append(append(gpuArgs(t),
 			"--web.listen-address="+addr,
 			"--device-plugin.path="+n.DevicePluginDir,
 			"--kubelet.pod-resources-socket="+n.PodResourcesSock,
 			"--kubelet.pod-resources-interval=1s",
 			"--health.interval=1s",
 			"--config-file="+configFile,
-			"--node-name="+n.Name)...)
+			"--node-name="+n.Name), extra...)...)
 	return p, addr
 }
 

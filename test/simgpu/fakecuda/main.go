@@ -52,7 +52,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	runFor := fs.Duration("run", 0, "exit 0 after this long (0: until killed)")
 	framework := fs.String("framework", "pytorch", "whose out-of-memory error to print: "+strings.Join(frameworks(), ", "))
 	logEvery := fs.Duration("log-every", 0, "print a progress line this often (0: never)")
-	printEnv := fs.Bool("print-env", false, "print the NVIDIA_*, CUDA_* and GPUSLICE_* environment at start")
+	printEnv := fs.Bool("print-env", false, "print the NVIDIA_*, CUDA_*, GPUSLICE_* and framework allocator (XLA_*, TF_*, PYTORCH_*) environment at start")
 	quiet := fs.Bool("quiet", false, "print nothing but errors (an OOM is then the first line the container writes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -83,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		env := os.Environ()
 		sort.Strings(env)
 		for _, kv := range env {
-			if strings.HasPrefix(kv, "NVIDIA_") || strings.HasPrefix(kv, "CUDA_") || strings.HasPrefix(kv, "GPUSLICE_") {
+			if hasAnyPrefix(kv, "NVIDIA_", "CUDA_", "GPUSLICE_", "XLA_", "TF_", "PYTORCH_") {
 				fmt.Fprintln(stdout, "env", kv)
 			}
 		}
@@ -220,4 +220,13 @@ func parseBytes(s string) (uint64, error) {
 		return 0, fmt.Errorf("bad byte count %q", s)
 	}
 	return uint64(f * float64(mult)), nil
+}
+
+func hasAnyPrefix(s string, prefixes ...string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
 }

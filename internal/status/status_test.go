@@ -1,0 +1,45 @@
+package status
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/controller"
+)
+
+func TestParseScrapeNamesItsSource(t *testing.T) {
+	_, err := ParseScrape("http://node-1:9846/metrics", strings.NewReader("gpuslice_gpu_info{gpu=\"0\" 1\n"))
+	if err == nil || !strings.Contains(err.Error(), "http://node-1:9846/metrics") {
+		t.Errorf("err = %v, want one naming the exporter", err)
+	}
+}
+
+// TestBuildEdges: an unreadable annotation is not a decision, a scrape
+// error is the node's, and series of a GPU without a total (a failed NVML
+// reading) are not shown as a GPU of their own.
+func TestBuildEdges(t *testing.T) {
+	nodes := []corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "b", Annotations: map[string]string{controller.AnnotationLastDecision: "{not json"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "a"}},
+	}
+	s, err := ParseScrape("a", strings.NewReader(`gpuslice_container_gpu_memory_used_bytes{namespace="ml",pod="p",container="c",gpu="1",uuid="GPU-gone"} 5
+gpuslice_gpu_memory_total_bytes{gpu="0",uuid="GPU-x"} 100
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Build(nodes, map[string]Scrape{"a": s}, map[string]error{"b": errors.New("connection refused")})
+	if len(r.Nodes) != 2 || r.Nodes[0].Name != "a" || r.Nodes[1].Name != "b" {
+		t.Fatalf("nodes = %+v", r.Nodes)
+	}
+	if g := r.Nodes[0].GPUs; len(g) != 1 || g[0].UUID != "GPU-x" || len(g[0].Containers) != 0 {
+		t.Errorf("GPUs of a = %+v", g)
+	}
+	if b := r.Nodes[1]; b.LastDecision != nil || b.ExporterError != "connection refused" {
+		t.Errorf("b = %+v", b)
+	}
+}
