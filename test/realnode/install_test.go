@@ -218,12 +218,16 @@ func TestHelmInstall(t *testing.T) {
 	// 6. A real OOM: a second pod grows past what a1 left. The exporter
 	// counts it from /var/log/pods, GPUSliceOOM fires, and the tuner, in dry
 	// run, only records that it would lower the replicas.
-	createPod(t, fakeCUDAPod("inst-oom1", podOpts{restart: corev1.RestartPolicyNever, args: []string{"-memory", "0s=1Gi,3s=40Gi", "-quiet"}}))
+	// It holds 26 GiB next to a1's 20 (46 of 48: a full GPU) long enough for
+	// the tuner's samples, then fails to grow: an OOM the policy lowers for,
+	// unlike one with most of the GPU free (issue 9's proportionate policy).
+	fullGPU := []string{"-memory", "0s=1Gi,3s=26Gi,15s=30Gi", "-quiet"}
+	createPod(t, fakeCUDAPod("inst-oom1", podOpts{restart: corev1.RestartPolicyNever, args: fullGPU}))
 	testproc.Eventually(t, 90*time.Second, 500*time.Millisecond, func() string {
 		_, msg := prom.firing("GPUSliceOOM", map[string]string{"node": n.Name, "pod": "inst-oom1", "container": "cuda"})
 		return msg
 	})
-	testproc.Eventually(t, 60*time.Second, 500*time.Millisecond, func() string { return nodeEvent(t, "ReplicasLowered", "dry run", "4 -> 2") })
+	testproc.Eventually(t, 60*time.Second, 500*time.Millisecond, func() string { return nodeEvent(t, "ReplicasLowered", "would be lowered", "4 -> 2") })
 	if l := configLabel(t); l != "" {
 		t.Errorf("in dry run the tuner labelled the node %s=%q", configLbl, l)
 	}
@@ -241,7 +245,7 @@ func TestHelmInstall(t *testing.T) {
 	waitRolled(t, "tuner")
 	// Two replicas were allocated at the OOM (a1's and oom2's): the policy
 	// lowers to one less, held at minReplicas 2.
-	createPod(t, fakeCUDAPod("inst-oom2", podOpts{restart: corev1.RestartPolicyNever, args: []string{"-memory", "0s=1Gi,3s=40Gi", "-quiet"}}))
+	createPod(t, fakeCUDAPod("inst-oom2", podOpts{restart: corev1.RestartPolicyNever, args: fullGPU}))
 	testproc.Eventually(t, 90*time.Second, 500*time.Millisecond, func() string {
 		if l := configLabel(t); l != "gpuslice-2" {
 			return fmt.Sprintf("node label %s=%q, want gpuslice-2 after the OOM", configLbl, l)

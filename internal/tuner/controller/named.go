@@ -164,7 +164,13 @@ func (c *Controller) ensureNamed(ctx context.Context, now time.Time) (*corev1.Co
 		}
 		maps.Copy(fresh.Data, want)
 		fresh.Annotations[AnnotationConfigsWritten] = stamp
-		c.log.Info("named device-plugin configs written", "configmap", c.cfg.Apply.ConfigMap.String(), "keys", len(want))
+		if c.cfg.DryRun {
+			// Nothing is written, so every round finds the keys missing
+			// again: say it once per round at debug level only.
+			c.log.Debug("named device-plugin configs would be written (dry run)", "configmap", c.cfg.Apply.ConfigMap.String(), "keys", len(want))
+		} else {
+			c.log.Info("named device-plugin configs written", "configmap", c.cfg.Apply.ConfigMap.String(), "keys", len(want))
+		}
 		return nil
 	})
 	return out, broken, err
