@@ -287,10 +287,10 @@ func (c *Controller) elect(ctx context.Context) error {
 				defer close(d)
 				c.log.Info("leading: deciding and writing", "identity", c.id)
 				c.m.leader.Set(1)
-				defer c.m.leader.Set(0)
+				defer c.m.stepDown()
 				c.loop(lctx, ctx.Done())
 			},
-			OnStoppedLeading: func() { c.m.leader.Set(0) },
+			OnStoppedLeading: c.m.stepDown,
 			OnNewLeader: func(id string) {
 				if id != c.id {
 					c.log.Info("standing by", "leader", id, "identity", c.id)

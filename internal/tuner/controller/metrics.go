@@ -18,6 +18,19 @@ type metrics struct {
 	leader         prometheus.Gauge
 }
 
+// stepDown is what a replica does when it stops leading: it no longer
+// decides, so its per-node gauges (replicas, recommendation, last change,
+// config validity) would only draw stale duplicate lines beside the new
+// leader's in every panel; they are dropped. Counters stay: their
+// increase() is 0 from now on.
+func (m *metrics) stepDown() {
+	m.leader.Set(0)
+	m.replicas.Reset()
+	m.recommended.Reset()
+	m.lastChange.Reset()
+	m.configInvalid.Reset()
+}
+
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		replicas: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpuslice_tuner_replicas",
