@@ -180,6 +180,23 @@ func configLabel(t *testing.T) string {
 	return node.Labels["nvidia.com/device-plugin.config"]
 }
 
+// tunerPolicy is the tuner's policy for the real-node tests: windows of
+// seconds instead of minutes, one raise per run (a long cooldown), so what a
+// test sees after the raise is the OOM's doing alone.
+func tunerPolicy(maxReplicas int) string {
+	return fmt.Sprintf(`policy:
+  minReplicas: 2
+  maxReplicas: %d
+  maxStepUp: 1
+  window: 8s
+  cooldown: 10m
+  pressureWindow: 2s
+  sampleInterval: 1s
+  targetUtilization: 0.9
+  pressureThreshold: 0.95
+`, maxReplicas)
+}
+
 // TestClosedLoop runs the product on the real node: gpuslice-plugin reading
 // its config from a ConfigMap, the exporter, Prometheus with the shipped
 // rules and the tuner in plugin mode. Sustained headroom with every replica
@@ -196,15 +213,7 @@ func TestClosedLoop(t *testing.T) {
 	ensureNamespace(t, cmNS)
 	_, err := n.Client.CoreV1().ConfigMaps(cmNS).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: cmNS, Name: cmName},
-		Data: map[string]string{"default": `version: v1
-flags:
-  migStrategy: none
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 2
-`},
+		Data:       map[string]string{"default": sharedConfig(2)},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -263,17 +272,7 @@ apply:
   configMap: {namespace: %s, name: %s}
   key: default
   verifyTimeout: 60s
-policy:
-  minReplicas: 2
-  maxReplicas: 4
-  maxStepUp: 1
-  window: 8s
-  cooldown: 10m
-  pressureWindow: 2s
-  sampleInterval: 1s
-  targetUtilization: 0.9
-  pressureThreshold: 0.95
-`, cmNS, prom.url, cmNS, cmName)), 0o644); err != nil {
+`+tunerPolicy(4), cmNS, prom.url, cmNS, cmName)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	testproc.Start(t, "gpuslice-tuner", nil, testproc.Build(t, "cmd/tuner"), "run", "--config="+tunerCfg,

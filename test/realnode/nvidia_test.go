@@ -352,17 +352,7 @@ apply:
   key: default
   daemonSet: {namespace: %s, name: %s}
   verifyTimeout: 120s
-policy:
-  minReplicas: 2
-  maxReplicas: 3
-  maxStepUp: 1
-  window: 8s
-  cooldown: 10m
-  pressureWindow: 2s
-  sampleInterval: 1s
-  targetUtilization: 0.9
-  pressureThreshold: 0.95
-`, n.Name, exporter, nvidiaNS, nvidiaCM, nvidiaNS, nvidiaDS)), 0o644); err != nil {
+`+tunerPolicy(3), n.Name, exporter, nvidiaNS, nvidiaCM, nvidiaNS, nvidiaDS)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	began := time.Now()
