@@ -1024,10 +1024,17 @@ spec:
 			{"gpuslice/gpuslice-tuner", "update", "", "nodes", "", "n1", true},
 			{"gpuslice/gpuslice-tuner", "create", "", "events", "default", "", true},
 			{"gpuslice/gpuslice-tuner", "get", "", "secrets", "kube-system", "", false},
+			// Pending pods in every namespace are demand; exporter discovery.
 			{"gpuslice/gpuslice-tuner", "list", "", "pods", "gpuslice", "", true},
-			{"gpuslice/gpuslice-tuner", "list", "", "pods", "kube-system", "", false},
+			{"gpuslice/gpuslice-tuner", "list", "", "pods", "kube-system", "", true},
+			{"gpuslice/gpuslice-tuner", "list", "", "pods", "", "", true},
+			{"gpuslice/gpuslice-tuner", "watch", "", "pods", "", "", true},
+			{"gpuslice/gpuslice-tuner", "get", "", "pods", "kube-system", "p", false},
+			{"gpuslice/gpuslice-tuner", "delete", "", "pods", "gpuslice", "p", false},
 			// plugin: release gp in gpu-plugin, tuner in plugin mode.
 			{"gpu-plugin/gp-gpuslice-tuner", "update", "", "nodes", "", "n1", true},
+			{"gpu-plugin/gp-gpuslice-tuner", "list", "", "pods", "", "", true},
+			{"gpu-plugin/gp-gpuslice-tuner", "watch", "", "pods", "", "", true},
 			{"gpu-plugin/gp-gpuslice-tuner", "update", "", "configmaps", "gpu-plugin", "gp-gpuslice-plugin-config", true},
 			{"gpu-plugin/gp-gpuslice-tuner", "update", "", "configmaps", "kube-system", "nvidia-device-plugin-config", false},
 			{"gpu-plugin/gp-gpuslice-tuner", "patch", "apps", "daemonsets", "kube-system", "nvidia-device-plugin-daemonset", false},
@@ -1144,7 +1151,26 @@ func TestTunerConfig(t *testing.T) {
 				if !sel.Matches(labels.Set(podLabels)) || c.Signals.Exporters.Namespace != ds.GetNamespace() {
 					t.Errorf("signals.exporters %s %q does not find the exporter pods (%s, labels %v)", c.Signals.Exporters.Namespace, sel, ds, podLabels)
 				}
-				find(t, objs, "Role", vs.fullname()+"-tuner-exporters")
+			}
+			// Pending pods in every namespace are demand, and the exporter
+			// pods are found with the same rule: list and watch of pods in
+			// the ClusterRole, whatever the signal source, and no other.
+			cr := find(t, objs, "ClusterRole", vs.fullname()+"-tuner")
+			for _, verb := range []string{"list", "watch"} {
+				if got := resourceNames(t, cr, "pods", verb); got != nil {
+					t.Errorf("%s limits %s of pods to %v, want every pod", cr, verb, got)
+				}
+			}
+			for _, r := range nested[[]any](t, cr, "rules") {
+				rm := r.(map[string]any)
+				if slices.Contains(strs(rm["resources"]), "pods") && !slices.Equal(strs(rm["verbs"]), []string{"list", "watch"}) {
+					t.Errorf("%s grants %v on pods, want list and watch", cr, strs(rm["verbs"]))
+				}
+			}
+			for _, o := range objs {
+				if o.GetKind() == "Role" && o.GetName() == vs.fullname()+"-tuner-exporters" {
+					t.Errorf("%s: the ClusterRole already lets the tuner find the exporter pods", o)
+				}
 			}
 			if c.Apply.Mode == config.ModePlugin {
 				args := strs(container(t, find(t, objs, "DaemonSet", vs.fullname()+"-plugin"))["args"])

@@ -35,8 +35,12 @@
 //     update as the key), so a new leader keeps the cooldown and never
 //     repeats a change its predecessor made.
 //
+// A node's demand (policy.Observation.PendingRequest) comes from a
+// cluster-wide informer over the pods the scheduler could not place
+// (pending.go).
+//
 // Only the leader (a Lease, released on cancel) decides and writes. Every
-// replica keeps its node informer and signal window warm, so a new leader
+// replica keeps its informers and signal window warm, so a new leader
 // acts at once. On shutdown a round in progress is finished before the
 // lease is released.
 package controller
@@ -55,6 +59,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -155,6 +161,10 @@ type Controller struct {
 
 	informers informers.SharedInformerFactory
 	nodes     listersv1.NodeLister
+	// podInformers watches the pending pods of every namespace
+	// (pending.go).
+	podInformers informers.SharedInformerFactory
+	pods         listersv1.PodLister
 
 	// state is per node, touched only by the goroutine running rounds.
 	state map[string]*nodeState
@@ -198,11 +208,13 @@ func New(o Options) (*Controller, error) {
 	c.m = newMetrics(o.Registerer)
 	c.informers = informers.NewSharedInformerFactory(o.Client, 0)
 	c.nodes = c.informers.Core().V1().Nodes().Lister()
+	c.podInformers = pendingPods(c)
+	c.pods = c.podInformers.Core().V1().Pods().Lister()
 	return c, nil
 }
 
-// Run runs until ctx ends: the node informer and, while this replica
-// leads, a round every interval.
+// Run runs until ctx ends: the node and pending-pod informers and, while
+// this replica leads, a round every interval.
 func (c *Controller) Run(ctx context.Context) error {
 	if c.bcast != nil {
 		c.bcast.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
@@ -212,6 +224,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.informers.Shutdown()
+	defer c.podInformers.Shutdown()
 	if !c.cfg.LeaderElection.Enabled {
 		c.m.leader.Set(1)
 		defer c.m.leader.Set(0)
@@ -227,11 +240,21 @@ func (c *Controller) Run(ctx context.Context) error {
 }
 
 func (c *Controller) startInformers(ctx context.Context) error {
+	// An informer the API server forbids waits for ever: say what is
+	// missing instead (RBAC from before pending pods were read).
+	if _, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Pending", Limit: 1}); apierrors.IsForbidden(err) {
+		return fmt.Errorf("listing pending pods in every namespace (the tuner's ClusterRole needs list and watch on pods): %w", err)
+	}
 	c.informers.Core().V1().Nodes().Informer()
-	c.informers.Start(ctx.Done())
-	for typ, ok := range c.informers.WaitForCacheSync(ctx.Done()) {
-		if !ok && ctx.Err() == nil {
-			return fmt.Errorf("syncing the %v informer", typ)
+	c.podInformers.Core().V1().Pods().Informer()
+	for _, f := range []informers.SharedInformerFactory{c.informers, c.podInformers} {
+		f.Start(ctx.Done())
+	}
+	for _, f := range []informers.SharedInformerFactory{c.informers, c.podInformers} {
+		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok && ctx.Err() == nil {
+				return fmt.Errorf("syncing the %v informer", typ)
+			}
 		}
 	}
 	return nil

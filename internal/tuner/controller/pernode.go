@@ -72,9 +72,10 @@ func (c *Controller) perNode(ctx context.Context, now time.Time, w *work, cm *co
 	c.adopt(w, now, replicas, cur.Config())
 	c.checkVerify(w, now, replicas)
 	w.gpus = c.sem.markExclusive(base, w.gpus)
-	d, span := c.decide(ctx, w, replicas, lastChange, now, c.sem.floor(base))
+	res := c.sem.resource(cur.Config())
+	d, span := c.decide(ctx, w, replicas, lastChange, now, c.sem.floor(base), res)
 	defer span.End()
-	c.m.setReplicas(w.st, name, c.sem.resource(cur.Config()), replicas, d.Replicas)
+	c.m.setReplicas(w.st, name, res, replicas, d.Replicas)
 	if !lastChange.IsZero() {
 		c.m.lastChange.WithLabelValues(name).Set(float64(lastChange.Unix()))
 	}

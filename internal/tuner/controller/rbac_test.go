@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,7 +57,8 @@ func applyRBAC(t *testing.T, env *testenv.Env) {
 }
 
 // testRBAC runs the tuner as its ServiceAccount with only the manifest's
-// rights: leader election, exporter discovery, Events, both write paths.
+// rights: leader election, exporter discovery, the pending-pod informer,
+// Events, both write paths.
 // Then it checks a few things the tuner must not be able to do.
 func testRBAC(t *testing.T, env *testenv.Env) {
 	const tunerNS, pluginNS, cmName = "gpuslice", "nvidia-device-plugin", "nvidia-device-plugin-configs"
@@ -169,6 +171,41 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 		}
 	})
 
+	// Pending pods anywhere are demand: list and watch pods cluster-wide.
+	t.Run("pods in every namespace", func(t *testing.T) {
+		for _, ns := range []string{"", pluginNS, "kube-system"} {
+			if _, err := sa.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Pending"}); err != nil {
+				t.Errorf("list pods in %q: %v", ns, err)
+			}
+			w, err := sa.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: "status.phase=Pending"})
+			if err != nil {
+				t.Errorf("watch pods in %q: %v", ns, err)
+				continue
+			}
+			w.Stop()
+		}
+	})
+
+	// RBAC without the pods rule fails at start, saying so, instead of
+	// waiting for ever on an informer the API server refuses.
+	t.Run("no pods rule", func(t *testing.T) {
+		rc := rest.CopyConfig(env.Config)
+		rc.Impersonate = rest.ImpersonationConfig{UserName: "gpuslice-no-rights"}
+		none, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := New(Options{Config: testConfig(config.ModePlugin, pluginNS), Client: none, Source: &fakeSource{}, Identity: "none"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, stop := context.WithTimeout(ctx, 10*time.Second)
+		defer stop()
+		if err := c.Run(sctx); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "list and watch on pods") {
+			t.Errorf("Run without the pods rule: %v, want a forbidden error naming the rule", err)
+		}
+	})
+
 	t.Run("nothing more", func(t *testing.T) {
 		for what, err := range map[string]error{
 			"list secrets": func() error {
@@ -184,10 +221,11 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 				return err
 			}(),
 			"delete a node": sa.CoreV1().Nodes().Delete(ctx, "rbac-node", metav1.DeleteOptions{}),
-			"list pods elsewhere": func() error {
-				_, err := sa.CoreV1().Pods(pluginNS).List(ctx, metav1.ListOptions{})
+			"get a pod": func() error {
+				_, err := sa.CoreV1().Pods(tunerNS).Get(ctx, "exporter", metav1.GetOptions{})
 				return err
 			}(),
+			"delete a pod": sa.CoreV1().Pods(tunerNS).Delete(ctx, "exporter", metav1.DeleteOptions{}),
 		} {
 			if !apierrors.IsForbidden(err) {
 				t.Errorf("%s: %v, want forbidden", what, err)

@@ -74,7 +74,7 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 		c.m.configInvalid.WithLabelValues(w.node.Name).Set(0)
 		c.adopt(w, now, cur, curCfg)
 		c.checkVerify(w, now, cur)
-		d, span := c.decide(ctx, w, cur, lastChange, now, floor)
+		d, span := c.decide(ctx, w, cur, lastChange, now, floor, c.sem.resource(curCfg))
 		c.m.setReplicas(w.st, w.node.Name, c.sem.resource(curCfg), cur, d.Replicas)
 		if !lastChange.IsZero() {
 			c.m.lastChange.WithLabelValues(w.node.Name).Set(float64(lastChange.Unix()))

@@ -201,8 +201,11 @@ type Observation struct {
 	Floor int
 	// PendingRequest is the most replicas one pending pod waiting for this
 	// node's resource asks for; 0 when none waits. `gpuslice-tuner run`
-	// does not gather it yet: that needs read access to pods in every
-	// namespace, which its RBAC does not grant.
+	// gathers it from a cluster-wide informer over pending pods: those the
+	// scheduler marked Unschedulable, asking for the resource the node's
+	// config advertises, and whose nodeName and nodeSelector allow the
+	// node (affinity and taints are not evaluated; see
+	// internal/tuner/controller/pending.go).
 	PendingRequest int
 	GPUs           []GPUObservation
 }
