@@ -259,12 +259,12 @@ func (s *resourceServer) Allocate(_ context.Context, req *pluginapi.AllocateRequ
 	}
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
-		env, err := containerEnv(pl, s.name, c.DevicesIds, fail)
+		r, err := containerResponse(pl, s.name, c.DevicesIds, fail, newRequestID())
 		if err != nil {
 			p.log.Warn("allocation refused", "resource", s.name, "devices", c.DevicesIds, "err", err)
 			return nil, err
 		}
-		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{Envs: env})
+		resp.ContainerResponses = append(resp.ContainerResponses, r)
 	}
 	for _, c := range req.ContainerRequests {
 		p.remember(s.name, c.DevicesIds)
