@@ -569,8 +569,34 @@ func TestRenderedWorkloads(t *testing.T) {
 			t.Errorf("%s: requests %v, limits %v; want cpu and memory requests equal to limits", ds, req, lim)
 		}
 		cr := find(t, objs, "ClusterRole", "gpuslice-exporter")
+		if !slices.Contains(args, "--dra.resource-slices=true") {
+			t.Errorf("%s: args %v lack --dra.resource-slices=true", ds, args)
+		}
+		if diff := cmp.Diff([]any{
+			map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}},
+			map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceslices"}, "verbs": []any{"get", "list", "watch"}},
+		}, nested[[]any](t, cr, "rules")); diff != "" {
+			t.Errorf("%s rules (-want +got):\n%s", cr, diff)
+		}
+	})
+
+	t.Run("exporter without DRA", func(t *testing.T) {
+		objs := render(t, h, valueSet{name: "no-dra", release: "gpuslice", namespace: "gpuslice", args: []string{"--set", "exporter.dra.enabled=false"}})
+		ds := find(t, objs, "DaemonSet", "gpuslice-exporter")
+		if args := strs(container(t, ds)["args"]); !slices.Contains(args, "--dra.resource-slices=false") {
+			t.Errorf("%s: args %v lack --dra.resource-slices=false", ds, args)
+		}
+		cr := find(t, objs, "ClusterRole", "gpuslice-exporter")
 		if diff := cmp.Diff([]any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}}}, nested[[]any](t, cr, "rules")); diff != "" {
 			t.Errorf("%s rules (-want +got):\n%s", cr, diff)
+		}
+		// Pod names from nowhere and no DRA: the exporter reads no API.
+		objs = render(t, h, valueSet{name: "no-api", release: "gpuslice", namespace: "gpuslice",
+			args: []string{"--set", "exporter.dra.enabled=false", "--set", "exporter.podsSource=none"}})
+		for _, o := range objs {
+			if o.GetKind() == "ClusterRole" && o.GetName() == "gpuslice-exporter" {
+				t.Errorf("a ClusterRole for an exporter that reads no API: %v", o.Object["rules"])
+			}
 		}
 	})
 
