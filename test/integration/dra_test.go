@@ -82,6 +82,7 @@ func TestExporterDRA(t *testing.T) {
 			Processes: []simnode.Process{{PID: 201, GPU: g0, MemoryBytes: 2 << 30, SM: 0.1}}}}},
 		{Namespace: "ml", Name: "train", Containers: []*simnode.Container{{Name: "main",
 			Processes: []simnode.Process{{PID: 301, GPU: g1, MemoryBytes: 8 << 30, SM: 0.6}}}}},
+		{Namespace: "ml", Name: "infer-c", Containers: []*simnode.Container{{Name: "srv"}}},
 	}
 	env.CreateNamespace(t, "ml")
 
@@ -111,6 +112,7 @@ func TestExporterDRA(t *testing.T) {
 	shared := allocatedClaim(t, env.Client, "ml", "shared-gpu", node, "gpu-0")
 	n.Pods[0].Containers[0].Claims = shared
 	n.Pods[1].Containers[0].Claims = shared
+	n.Pods[3].Containers[0].Claims = shared
 	n.Pods[2].Containers[0].Claims = allocatedClaim(t, env.Client, "ml", "train-gpu", node, "gpu-1")
 	if err := n.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -170,6 +172,16 @@ func TestExporterDRA(t *testing.T) {
 	if c := m.count("gpuslice_container_gpu_allocation", map[string]string{"pod": "train"}); c != 0 {
 		t.Fatalf("train's GPU is in no slice of this node yet, but it has %d allocation series:\n%s", c, m.dump("gpuslice_container_gpu_allocation"))
 	}
+
+	// A CUDA OOM in a pod on the shared claim counts against its GPU. The
+	// pod failed while loading, before any process of it showed on the
+	// GPU: only the claim tells which GPU it had.
+	if err := n.AppendLog(n.Pods[3], n.Pods[3].Containers[0], "loading model", simnode.PyTorchOOM); err != nil {
+		t.Fatal(err)
+	}
+	poll("OOM on the claim's GPU", func() []string {
+		return []string{expect("gpuslice_gpu_oom_events_total", map[string]string{"pod": "infer-c", "uuid": g0, "source": "log"}, 1)}
+	})
 
 	// The driver publishes gpu-1: a new pool generation.
 	slice.Spec.Pool.Generation = 2
