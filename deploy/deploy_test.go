@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpuslice/gpuslice/internal/dpconfig"
 	"github.com/gpuslice/gpuslice/internal/testenv"
 	"github.com/gpuslice/gpuslice/internal/tuner/config"
 )
@@ -210,6 +211,8 @@ func TestTemplateRejectsBadValues(t *testing.T) {
 		{"unknown tuner mode", []string{"--set", "tuner.mode=live"}, `tuner.mode "live"`},
 		{"unknown pods source", []string{"--set", "exporter.podsSource=cri"}, `exporter.podsSource "cri"`},
 		{"plugin mode without the plugin", []string{"--set", "tuner.mode=plugin"}, "needs plugin.enabled=true"},
+		{"unknown device list strategy", []string{"--set", "plugin.deviceListStrategy={envvar,cdi}"}, `plugin.deviceListStrategy "cdi"`},
+		{"unknown device ID strategy", []string{"--set", "plugin.deviceIDStrategy=serial"}, `plugin.deviceIDStrategy "serial"`},
 		{"exporter TLS, tuner on http", []string{"--set", "exporter.webConfig.tls_server_config.cert_file=/c", "--set", "exporter.webConfig.tls_server_config.key_file=/k"},
 			"set tuner.config.signals.exporters.scheme=https"},
 		{"exporter basic auth, tuner without credentials", []string{"--set", "exporter.webConfig.basic_auth_users.p=x"},
@@ -689,6 +692,32 @@ func TestRenderedWorkloads(t *testing.T) {
 		role := find(t, objs, "Role", "gp-gpuslice-plugin")
 		if got := strs(nested[[]any](t, role, "rules")[0].(map[string]any)["resourceNames"]); !slices.Equal(got, []string{"gp-gpuslice-plugin-config"}) {
 			t.Errorf("%s: resourceNames %v", role, got)
+		}
+	})
+
+	t.Run("plugin CDI strategy, exporter RuntimeClass for DRA nodes", func(t *testing.T) {
+		vs := sets["plugin"]
+		vs.args = slices.Concat(vs.args, []string{"--set", "plugin.deviceListStrategy=cdi-cri", "--set", "plugin.deviceIDStrategy=index",
+			"--set", "runtimeClassName=nvidia", "--set", "exporter.runtimeClassName=nvidia-cdi"})
+		objs := render(t, h, vs)
+		cm := find(t, objs, "ConfigMap", "gp-gpuslice-plugin-config")
+		f, err := dpconfig.Parse([]byte(nested[string](t, cm, "data", "default")))
+		if err != nil {
+			t.Fatalf("%s: the rendered config does not parse: %v", cm, err)
+		}
+		c := f.Config()
+		if !slices.Equal(c.DeviceListStrategy, []string{"cdi-cri"}) || c.DeviceIDStrategy != "index" || len(c.Resources) != 1 || c.Resources[0].Replicas != 4 {
+			t.Errorf("%s: config %+v, want cdi-cri, index and the 4 replicas kept", cm, c)
+		}
+		for name, want := range map[string]string{"gp-gpuslice-exporter": "nvidia-cdi", "gp-gpuslice-plugin": "nvidia"} {
+			if got := nested[string](t, find(t, objs, "DaemonSet", name), "spec", "template", "spec", "runtimeClassName"); got != want {
+				t.Errorf("%s: runtimeClassName %q, want %q", name, got, want)
+			}
+		}
+		vs.args = slices.Concat(vs.args, []string{"--set", "exporter.runtimeClassName="})
+		ds := find(t, render(t, h, vs), "DaemonSet", "gp-gpuslice-exporter")
+		if got, ok, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "runtimeClassName"); ok {
+			t.Errorf("%s: runtimeClassName %q with exporter.runtimeClassName empty, want none", ds, got)
 		}
 	})
 
