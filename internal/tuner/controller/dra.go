@@ -41,11 +41,19 @@ func newDRAAdvice(reg prometheus.Registerer) *draAdvice {
 
 // draManaged says whether the exporter measures GPUs on a node that no
 // device plugin advertises: no nvidia.com/ resource in its capacity (which
-// a device plugin's resources keep even while it is stopped). Such GPUs
-// reach pods through DRA claims, and a device-plugin config would change
-// nothing there.
+// a device plugin's resources keep even while it is stopped) nor in its
+// allocatable. Such GPUs reach pods through DRA claims, and a device-plugin
+// config would change nothing there.
 func draManaged(n *corev1.Node, gpus []policy.GPUObservation) bool {
-	return len(gpus) > 0 && !hasGPUs(n)
+	if len(gpus) == 0 || hasGPUs(n) {
+		return false
+	}
+	for name := range n.Status.Allocatable {
+		if strings.HasPrefix(string(name), "nvidia.com/") {
+			return false
+		}
+	}
+	return true
 }
 
 // adviseDRA sets the node's gauges and records an Event for each
