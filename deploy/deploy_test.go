@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpuslice/gpuslice/internal/dpconfig"
 	"github.com/gpuslice/gpuslice/internal/testenv"
 	"github.com/gpuslice/gpuslice/internal/testproc"
 	"github.com/gpuslice/gpuslice/internal/tuner/config"
@@ -187,6 +188,8 @@ func TestTemplateRejectsBadValues(t *testing.T) {
 		{"unknown tuner mode", []string{"--set", "tuner.mode=live"}, `tuner.mode "live"`},
 		{"unknown pods source", []string{"--set", "exporter.podsSource=cri"}, `exporter.podsSource "cri"`},
 		{"plugin mode without the plugin", []string{"--set", "tuner.mode=plugin"}, "needs plugin.enabled=true"},
+		{"unknown device list strategy", []string{"--set", "plugin.deviceListStrategy={envvar,cdi}"}, `plugin.deviceListStrategy "cdi"`},
+		{"unknown device ID strategy", []string{"--set", "plugin.deviceIDStrategy=serial"}, `plugin.deviceIDStrategy "serial"`},
 		{"exporter TLS, tuner on http", []string{"--set", "exporter.webConfig.tls_server_config.cert_file=/c", "--set", "exporter.webConfig.tls_server_config.key_file=/k"},
 			"set tuner.config.signals.exporters.scheme=https"},
 		{"exporter basic auth, tuner without credentials", []string{"--set", "exporter.webConfig.basic_auth_users.p=x"},
@@ -546,8 +549,34 @@ func TestRenderedWorkloads(t *testing.T) {
 			t.Errorf("%s: requests %v, limits %v; want cpu and memory requests equal to limits", ds, req, lim)
 		}
 		cr := find(t, objs, "ClusterRole", "gpuslice-exporter")
+		if !slices.Contains(args, "--dra.resource-slices=true") {
+			t.Errorf("%s: args %v lack --dra.resource-slices=true", ds, args)
+		}
+		if diff := cmp.Diff([]any{
+			map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}},
+			map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceslices"}, "verbs": []any{"get", "list", "watch"}},
+		}, nested[[]any](t, cr, "rules")); diff != "" {
+			t.Errorf("%s rules (-want +got):\n%s", cr, diff)
+		}
+	})
+
+	t.Run("exporter without DRA", func(t *testing.T) {
+		objs := render(t, h, valueSet{name: "no-dra", release: "gpuslice", namespace: "gpuslice", args: []string{"--set", "exporter.dra.enabled=false"}})
+		ds := find(t, objs, "DaemonSet", "gpuslice-exporter")
+		if args := strs(container(t, ds)["args"]); !slices.Contains(args, "--dra.resource-slices=false") {
+			t.Errorf("%s: args %v lack --dra.resource-slices=false", ds, args)
+		}
+		cr := find(t, objs, "ClusterRole", "gpuslice-exporter")
 		if diff := cmp.Diff([]any{map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get", "list", "watch"}}}, nested[[]any](t, cr, "rules")); diff != "" {
 			t.Errorf("%s rules (-want +got):\n%s", cr, diff)
+		}
+		// Pod names from nowhere and no DRA: the exporter reads no API.
+		objs = render(t, h, valueSet{name: "no-api", release: "gpuslice", namespace: "gpuslice",
+			args: []string{"--set", "exporter.dra.enabled=false", "--set", "exporter.podsSource=none"}})
+		for _, o := range objs {
+			if o.GetKind() == "ClusterRole" && o.GetName() == "gpuslice-exporter" {
+				t.Errorf("a ClusterRole for an exporter that reads no API: %v", o.Object["rules"])
+			}
 		}
 	})
 
@@ -640,6 +669,32 @@ func TestRenderedWorkloads(t *testing.T) {
 		role := find(t, objs, "Role", "gp-gpuslice-plugin")
 		if got := strs(nested[[]any](t, role, "rules")[0].(map[string]any)["resourceNames"]); !slices.Equal(got, []string{"gp-gpuslice-plugin-config"}) {
 			t.Errorf("%s: resourceNames %v", role, got)
+		}
+	})
+
+	t.Run("plugin CDI strategy, exporter RuntimeClass for DRA nodes", func(t *testing.T) {
+		vs := sets["plugin"]
+		vs.args = slices.Concat(vs.args, []string{"--set", "plugin.deviceListStrategy=cdi-cri", "--set", "plugin.deviceIDStrategy=index",
+			"--set", "runtimeClassName=nvidia", "--set", "exporter.runtimeClassName=nvidia-cdi"})
+		objs := render(t, h, vs)
+		cm := find(t, objs, "ConfigMap", "gp-gpuslice-plugin-config")
+		f, err := dpconfig.Parse([]byte(nested[string](t, cm, "data", "default")))
+		if err != nil {
+			t.Fatalf("%s: the rendered config does not parse: %v", cm, err)
+		}
+		c := f.Config()
+		if !slices.Equal(c.DeviceListStrategy, []string{"cdi-cri"}) || c.DeviceIDStrategy != "index" || len(c.Resources) != 1 || c.Resources[0].Replicas != 4 {
+			t.Errorf("%s: config %+v, want cdi-cri, index and the 4 replicas kept", cm, c)
+		}
+		for name, want := range map[string]string{"gp-gpuslice-exporter": "nvidia-cdi", "gp-gpuslice-plugin": "nvidia"} {
+			if got := nested[string](t, find(t, objs, "DaemonSet", name), "spec", "template", "spec", "runtimeClassName"); got != want {
+				t.Errorf("%s: runtimeClassName %q, want %q", name, got, want)
+			}
+		}
+		vs.args = slices.Concat(vs.args, []string{"--set", "exporter.runtimeClassName="})
+		ds := find(t, render(t, h, vs), "DaemonSet", "gp-gpuslice-exporter")
+		if got, ok, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "runtimeClassName"); ok {
+			t.Errorf("%s: runtimeClassName %q with exporter.runtimeClassName empty, want none", ds, got)
 		}
 	})
 

@@ -6,6 +6,9 @@
 # .cache/bin) beside the control plane and are kept when present.
 # nvidia-device-plugin links go-nvml, which needs cgo; it dlopens
 # libnvidia-ml.so.1 at run time, so no NVIDIA driver is needed to build it.
+# Also nvidia-container-runtime.cdi (github.com/NVIDIA/nvidia-container-toolkit,
+# same module pin): the real node's containerd 1.6 runs it as the nvidia-cdi
+# runtime, so CDI device requests reach containers (test/realnode/scripts/up.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${GPUSLICE_ASSETS:-$root/.cache/bin}
@@ -27,4 +30,10 @@ for cmd in nvidia-device-plugin config-manager; do
     mv "$out/$cmd.tmp" "$out/$cmd"
   fi
 done
+ctk_version=$(cd "$root/test/nvtools" && go list -m -f '{{.Version}}' github.com/NVIDIA/nvidia-container-toolkit)
+if [ ! -x "$out/nvidia-container-runtime.cdi" ]; then
+  echo "building NVIDIA nvidia-container-runtime.cdi $ctk_version into $out" >&2
+  (cd "$root/test/nvtools" && CGO_ENABLED=1 go build -trimpath -ldflags "-s -w" -o "$out/nvidia-container-runtime.cdi.tmp" github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime.cdi)
+  mv "$out/nvidia-container-runtime.cdi.tmp" "$out/nvidia-container-runtime.cdi"
+fi
 echo "$out"

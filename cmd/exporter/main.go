@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/gpuslice/gpuslice/internal/dra"
 	"github.com/gpuslice/gpuslice/internal/exporter"
 	"github.com/gpuslice/gpuslice/internal/flagenv"
 	"github.com/gpuslice/gpuslice/internal/gpu/backend"
@@ -47,6 +48,7 @@ type options struct {
 	oomMaxRead                     int64
 	oomInterval                    time.Duration
 	gpuFailureThreshold            int
+	draSlices                      bool
 	log                            logging.Flags
 }
 
@@ -73,6 +75,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.kubeletCA, "kubelet.ca-file", "", "CA bundle verifying the kubelet's certificate.")
 	fs.BoolVar(&o.kubeletInsecure, "kubelet.insecure-skip-tls-verify", false, "Accept any kubelet certificate (self-signed kubelet certificates).")
 	fs.DurationVar(&o.kubeletInterval, "kubelet.pods-interval", 10*time.Second, "How often --pods.source=kubelet reads /pods.")
+	fs.BoolVar(&o.draSlices, "dra.resource-slices", true, "Attribute GPUs allocated by DRA ResourceClaims, resolved through this node's ResourceSlices (resource.k8s.io/v1; needs list/watch on resourceslices, --kubeconfig or in-cluster, and --node-name). Off by itself where the API server does not serve them.")
 	fs.StringVar(&o.podLogs, "path.pod-logs", "/var/log/pods", "The kubelet's pod log directory, scanned for GPU OOM messages.")
 	fs.Var(&o.oomPatterns, "oom.pattern", "Regular expression of a GPU OOM log line; repeat the flag for several. Setting it replaces the built-in catalogue (PyTorch, TensorFlow, JAX, llama.cpp/ollama, vLLM, ONNX Runtime, TensorRT, NVENC, CTranslate2, CuPy, Paddle, darknet, OptiX, CUDA driver, cuBLAS, cuDNN, NCCL messages; internal/oom/catalogue.go). Lines about host (pinned) memory never count.")
 	fs.BoolVar(&o.oomOff, "oom.disable", false, "Turn GPU OOM detection off.")
@@ -135,6 +138,11 @@ func run(ctx context.Context, args []string) error {
 		}
 		defer c.Close()
 		cfg.Kubelet = c
+		if o.draSlices {
+			if slices := draSlices(ctx, o, log); slices != nil {
+				cfg.Kubelet = dra.Kubelet{Lister: c, Slices: slices, Logger: log}
+			}
+		}
 	}
 	src, err := podSource(ctx, o, log)
 	if err != nil {
@@ -164,6 +172,40 @@ func run(ctx context.Context, args []string) error {
 		Logger:        log,
 		Extra:         map[string]http.Handler{"/healthz": exp.Healthz()},
 	})
+}
+
+// draSlices starts the ResourceSlice informer, or returns nil (and says
+// why) where DRA cannot be read: DRA is an addition, and a node without it
+// must export as before.
+func draSlices(ctx context.Context, o *options, log *slog.Logger) *dra.Informer {
+	cfg, err := kube.Config(o.kubeconfig, "gpuslice-exporter")
+	if err != nil {
+		log.Info("DRA attribution off: no API server access", "err", err)
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	served, err := dra.Served(cctx, cfg)
+	cancel()
+	switch {
+	case err != nil:
+		// Perhaps only a slow start of the API server: the informer
+		// retries by itself.
+		log.Warn("could not tell whether the API server serves DRA ResourceSlices; watching them anyway", "err", err)
+	case !served:
+		log.Info("DRA attribution off: the API server serves no resource.k8s.io/v1 ResourceSlices")
+		return nil
+	}
+	inf, err := dra.NewInformer(cfg, o.nodeName)
+	if err != nil {
+		log.Warn("DRA attribution off", "err", err)
+		return nil
+	}
+	go func() {
+		if err := inf.Start(ctx); err != nil && ctx.Err() == nil {
+			log.Error("ResourceSlice informer", "err", err)
+		}
+	}()
+	return inf
 }
 
 func podSource(ctx context.Context, o *options, log *slog.Logger) (pods.Source, error) {

@@ -27,6 +27,7 @@ const (
 	keyPlugin       = "plugin"
 	keyListStrategy = "deviceListStrategy"
 	keyIDStrategy   = "deviceIDStrategy"
+	keyCDIPrefix    = "cdiAnnotationPrefix"
 	pathPlugin      = keyFlags + "." + keyPlugin
 	pathTimeSlice   = keySharing + "." + keyTimeSlice
 	pathResources   = pathTimeSlice + "." + keyResources
@@ -97,6 +98,9 @@ func decode(doc *yaml.Node) (Config, lineMap, Errors) {
 			}
 			if v := plugin[keyIDStrategy]; v != nil {
 				c.DeviceIDStrategy, _ = d.str(v, pathPlugin+"."+keyIDStrategy)
+			}
+			if v := plugin[keyCDIPrefix]; v != nil {
+				c.CDIAnnotationPrefix, _ = d.str(v, pathPlugin+"."+keyCDIPrefix)
 			}
 		}
 	}

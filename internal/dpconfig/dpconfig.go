@@ -73,10 +73,13 @@ type Config struct {
 	// DeviceListStrategy and DeviceIDStrategy are
 	// flags.plugin.deviceListStrategy (a string or a list) and
 	// .deviceIDStrategy; nil and "" when absent (NVIDIA's defaults, envvar
-	// and uuid). gpuslice-plugin implements only the defaults and says so
-	// about any other value.
+	// and uuid).
 	DeviceListStrategy []string
 	DeviceIDStrategy   string
+	// CDIAnnotationPrefix is flags.plugin.cdiAnnotationPrefix, the prefix
+	// of the annotation keys the cdi-annotations strategy writes; "" when
+	// absent (NVIDIA's default, "cdi.k8s.io/").
+	CDIAnnotationPrefix string
 	// MPS is true when sharing.mps is set. Its content is not read: gpuslice
 	// does not implement MPS, and keeps the section untouched.
 	MPS bool

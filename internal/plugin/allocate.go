@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/internal/podresources"
 )
@@ -61,13 +61,14 @@ func ParsePolicy(s string) (Policy, error) {
 	return "", fmt.Errorf("unknown allocation policy %q, want %s or %s", s, Distributed, Packed)
 }
 
-// containerEnv computes the environment of one container's allocation.
-// resource names the resource in errors, as NVIDIA's plugin does.
-func containerEnv(p plan, resource string, ids []string, failGreaterThanOne bool) (map[string]string, error) {
+// containerResponse computes one container's allocation. resource names
+// the resource in errors, as NVIDIA's plugin does; requestID is the
+// container's CDI annotation key suffix.
+func containerResponse(p plan, resource string, ids []string, failGreaterThanOne bool, requestID string) (*pluginapi.ContainerAllocateResponse, error) {
 	if len(ids) == 0 {
 		return nil, fmt.Errorf("%w for '%s': no devices", ErrRequest, resource)
 	}
-	var uuids []string
+	var gpus []gpuInfo
 	shared := false
 	var budget uint64
 	for _, raw := range ids {
@@ -80,8 +81,8 @@ func containerEnv(p plan, resource string, ids []string, failGreaterThanOne bool
 			return nil, fmt.Errorf("%w for '%s': unknown device: %s", ErrRequest, resource, raw)
 		}
 		shared = shared || id.Shared
-		if !slices.Contains(uuids, id.UUID) {
-			uuids = append(uuids, id.UUID)
+		if !slices.ContainsFunc(gpus, func(h gpuInfo) bool { return h.UUID == g.UUID }) {
+			gpus = append(gpus, g)
 			share := g.MemoryTotalBytes / uint64(max(p.Replicas[id.UUID], 1))
 			if budget == 0 || share < budget {
 				budget = share
@@ -91,10 +92,7 @@ func containerEnv(p plan, resource string, ids []string, failGreaterThanOne bool
 	if failGreaterThanOne && shared && len(ids) > 1 {
 		return nil, tooLargeError{len(ids)}
 	}
-	return map[string]string{
-		EnvVisibleDevices: strings.Join(uuids, ","),
-		EnvMemoryBudget:   strconv.FormatUint(budget, 10),
-	}, nil
+	return p.Inject.response(gpus, budget, requestID), nil
 }
 
 // preferred picks size devices out of available for one container, after the

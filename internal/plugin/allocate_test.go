@@ -2,11 +2,14 @@ package plugin
 
 import (
 	"errors"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/internal/dpconfig"
 	"github.com/gpuslice/gpuslice/internal/gpu/gputest"
@@ -40,7 +43,7 @@ func TestContainerEnv(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := containerEnv(p, "nvidia.com/gpu", tc.ids, tc.fail)
+			r, err := containerResponse(p, "nvidia.com/gpu", tc.ids, tc.fail, "req")
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -50,15 +53,18 @@ func TestContainerEnv(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
+			if diff := cmp.Diff(tc.want, r.Envs); diff != "" {
 				t.Errorf("env (-want +got):\n%s", diff)
+			}
+			if r.Annotations != nil || r.CdiDevices != nil || r.Mounts != nil {
+				t.Errorf("envvar strategy answered %v, want only the environment", r)
 			}
 		})
 	}
-	if _, err := containerEnv(p, "nvidia.com/gpu", []string{rid(uuid0, 0), rid(uuid0, 1)}, true); !errors.Is(err, ErrRequest) {
+	if _, err := containerResponse(p, "nvidia.com/gpu", []string{rid(uuid0, 0), rid(uuid0, 1)}, true, "req"); !errors.Is(err, ErrRequest) {
 		t.Errorf("failRequestsGreaterThanOne error %v does not match ErrRequest", err)
 	}
-	if _, err := containerEnv(p, "nvidia.com/gpu", []string{"x"}, false); !errors.Is(err, ErrRequest) {
+	if _, err := containerResponse(p, "nvidia.com/gpu", []string{"x"}, false, "req"); !errors.Is(err, ErrRequest) {
 		t.Errorf("unknown device error %v does not wrap ErrRequest", err)
 	}
 }
@@ -152,5 +158,78 @@ func TestParsePolicy(t *testing.T) {
 	}
 	if _, err := ParsePolicy("random"); err == nil {
 		t.Error("ParsePolicy(random) succeeded")
+	}
+}
+
+// Each of NVIDIA's device list strategies answers as NVIDIA's plugin v0.19
+// answers (internal/plugin/server.go getAllocateResponse), plus the memory
+// budget.
+func TestContainerResponseStrategies(t *testing.T) {
+	const budget = "12884901888" // a quarter of GPU 0
+	ids := []string{uuid1, rid(uuid0, 1), rid(uuid0, 2)}
+	tests := []struct {
+		name       string
+		strategies []string
+		idStrategy string
+		prefix     string
+		want       *pluginapi.ContainerAllocateResponse
+	}{
+		{"default is envvar", nil, "", "", &pluginapi.ContainerAllocateResponse{
+			Envs: map[string]string{EnvVisibleDevices: uuid1 + "," + uuid0, EnvMemoryBudget: budget}}},
+		{"envvar by index", []string{"envvar"}, "index", "", &pluginapi.ContainerAllocateResponse{
+			Envs: map[string]string{EnvVisibleDevices: "1,0", EnvMemoryBudget: budget}}},
+		{"volume-mounts", []string{"volume-mounts"}, "", "", &pluginapi.ContainerAllocateResponse{
+			Envs: map[string]string{EnvVisibleDevices: "/var/run/nvidia-container-devices", EnvMemoryBudget: budget},
+			Mounts: []*pluginapi.Mount{
+				{HostPath: "/dev/null", ContainerPath: "/var/run/nvidia-container-devices/" + uuid1},
+				{HostPath: "/dev/null", ContainerPath: "/var/run/nvidia-container-devices/" + uuid0},
+			}}},
+		{"cdi-cri only: no NVIDIA_VISIBLE_DEVICES", []string{"cdi-cri"}, "", "", &pluginapi.ContainerAllocateResponse{
+			Envs:       map[string]string{EnvMemoryBudget: budget},
+			CdiDevices: []*pluginapi.CDIDevice{{Name: "nvidia.com/gpu=" + uuid1}, {Name: "nvidia.com/gpu=" + uuid0}}}},
+		{"cdi-cri by index", []string{"cdi-cri"}, "index", "", &pluginapi.ContainerAllocateResponse{
+			Envs:       map[string]string{EnvMemoryBudget: budget},
+			CdiDevices: []*pluginapi.CDIDevice{{Name: "nvidia.com/gpu=1"}, {Name: "nvidia.com/gpu=0"}}}},
+		{"cdi-annotations", []string{"cdi-annotations"}, "", "", &pluginapi.ContainerAllocateResponse{
+			Envs:        map[string]string{EnvMemoryBudget: budget},
+			Annotations: map[string]string{"cdi.k8s.io/gpuslice-plugin_req7": "nvidia.com/gpu=" + uuid1 + ",nvidia.com/gpu=" + uuid0}}},
+		{"cdi-annotations with a prefix", []string{"cdi-annotations"}, "index", "cdi.example.com/", &pluginapi.ContainerAllocateResponse{
+			Envs:        map[string]string{EnvMemoryBudget: budget},
+			Annotations: map[string]string{"cdi.example.com/gpuslice-plugin_req7": "nvidia.com/gpu=1,nvidia.com/gpu=0"}}},
+		{"envvar and cdi-cri: both", []string{"envvar", "cdi-cri"}, "", "", &pluginapi.ContainerAllocateResponse{
+			Envs:       map[string]string{EnvVisibleDevices: uuid1 + "," + uuid0, EnvMemoryBudget: budget},
+			CdiDevices: []*pluginapi.CDIDevice{{Name: "nvidia.com/gpu=" + uuid1}, {Name: "nvidia.com/gpu=" + uuid0}}}},
+		{"both CDI strategies", []string{"cdi-annotations", "cdi-cri"}, "", "", &pluginapi.ContainerAllocateResponse{
+			Envs:        map[string]string{EnvMemoryBudget: budget},
+			Annotations: map[string]string{"cdi.k8s.io/gpuslice-plugin_req7": "nvidia.com/gpu=" + uuid1 + ",nvidia.com/gpu=" + uuid0},
+			CdiDevices:  []*pluginapi.CDIDevice{{Name: "nvidia.com/gpu=" + uuid1}, {Name: "nvidia.com/gpu=" + uuid0}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := shared(4, func(c *dpconfig.Config) {
+				c.Resources[0].Devices = dpconfig.Devices{List: []string{"0"}}
+				c.DeviceListStrategy, c.DeviceIDStrategy, c.CDIAnnotationPrefix = tc.strategies, tc.idStrategy, tc.prefix
+			})
+			got, err := containerResponse(computePlan(cfg, twoGPUs(), nil), "nvidia.com/gpu", ids, false, "req7")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("response (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// Request IDs keep the annotation key within the CDI specification's rule:
+// <plugin>_<ID> at most 63 characters, alphanumeric at both ends.
+func TestNewRequestID(t *testing.T) {
+	a, b := newRequestID(), newRequestID()
+	if a == b {
+		t.Fatalf("two request IDs are both %q", a)
+	}
+	name := cdiAnnotationPlugin + "_" + a
+	if len(name) > 63 || !regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]*[a-z0-9]$`).MatchString(name) {
+		t.Errorf("annotation name %q breaks the CDI rule", name)
 	}
 }

@@ -47,6 +47,8 @@ type plan struct {
 	Replicas map[string]int
 	// GPUs by UUID.
 	GPUs map[string]gpuInfo
+	// Inject is how allocations name their GPUs to the container runtime.
+	Inject injection
 	// Warnings about parts of the config the plan could not follow.
 	Warnings []string
 }
@@ -78,6 +80,11 @@ func computePlan(cfg dpconfig.Config, gpus []gpuInfo, heldIDs []held) plan {
 		p.GPUs[g.UUID] = g
 	}
 	desires, warnings := desires(cfg, sorted)
+	var w string
+	p.Inject, w = injectionOf(cfg)
+	if w != "" {
+		warnings = append(warnings, w)
+	}
 	p.Warnings = warnings
 
 	byGPU := map[string][]held{}
@@ -141,14 +148,6 @@ func (p *plan) add(resource string, g gpuInfo, id string, draining bool) {
 // nvidia.com/gpu apply: gpuslice-plugin does not handle MIG devices.
 func desires(cfg dpconfig.Config, gpus []gpuInfo) (map[string]desire, []string) {
 	var warnings []string
-	// NVIDIA's defaults are the only strategies gpuslice-plugin has: GPUs
-	// go to containers as NVIDIA_VISIBLE_DEVICES with UUIDs.
-	if slices.ContainsFunc(cfg.DeviceListStrategy, func(s string) bool { return s != "envvar" }) {
-		warnings = append(warnings, fmt.Sprintf("flags.plugin.deviceListStrategy %v ignored: gpuslice-plugin passes GPUs as the envvar strategy does (NVIDIA_VISIBLE_DEVICES)", cfg.DeviceListStrategy))
-	}
-	if cfg.DeviceIDStrategy != "" && cfg.DeviceIDStrategy != "uuid" {
-		warnings = append(warnings, fmt.Sprintf("flags.plugin.deviceIDStrategy %q ignored: gpuslice-plugin names GPUs by UUID", cfg.DeviceIDStrategy))
-	}
 	out := make(map[string]desire, len(gpus))
 	for _, g := range gpus {
 		out[g.UUID] = desire{resource: dpconfig.GPUResource, replicas: 1, ids: []string{g.UUID}}

@@ -123,21 +123,24 @@ func TestComputePlan(t *testing.T) {
 	}
 }
 
-// NVIDIA's device strategies other than its defaults are not implemented:
-// the plan says so rather than ignoring them silently.
-func TestComputePlanWarnsOfDeviceStrategies(t *testing.T) {
+// Every device strategy of NVIDIA's is followed; only an annotation prefix
+// no runtime would read is worth a warning.
+func TestComputePlanDeviceStrategies(t *testing.T) {
 	cfg := shared(2, func(c *dpconfig.Config) {
 		c.DeviceListStrategy, c.DeviceIDStrategy = []string{"envvar", "cdi-cri"}, "index"
 	})
 	p := computePlan(cfg, twoGPUs(), nil)
-	joined := strings.Join(p.Warnings, "\n")
-	for _, want := range []string{"deviceListStrategy [envvar cdi-cri] ignored", `deviceIDStrategy "index" ignored`} {
-		if !strings.Contains(joined, want) {
-			t.Errorf("warnings %q lack %q", p.Warnings, want)
-		}
+	if len(p.Warnings) != 0 {
+		t.Errorf("warnings %q, want none", p.Warnings)
 	}
-	if p := computePlan(shared(2, func(c *dpconfig.Config) { c.DeviceListStrategy, c.DeviceIDStrategy = []string{"envvar"}, "uuid" }), twoGPUs(), nil); len(p.Warnings) != 0 {
-		t.Errorf("the defaults warn: %q", p.Warnings)
+	if want := (injection{EnvVar: true, CDICRI: true, ByIndex: true, AnnotationPrefix: DefaultCDIAnnotationPrefix}); p.Inject != want {
+		t.Errorf("injection = %+v, want %+v", p.Inject, want)
+	}
+	p = computePlan(shared(2, func(c *dpconfig.Config) {
+		c.DeviceListStrategy, c.CDIAnnotationPrefix = []string{"cdi-annotations"}, "cdi.example.com"
+	}), twoGPUs(), nil)
+	if joined := strings.Join(p.Warnings, "\n"); !strings.Contains(joined, `cdiAnnotationPrefix "cdi.example.com" does not end in "/"`) {
+		t.Errorf("warnings %q lack the prefix warning", p.Warnings)
 	}
 }
 

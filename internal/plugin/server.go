@@ -259,15 +259,18 @@ func (s *resourceServer) Allocate(_ context.Context, req *pluginapi.AllocateRequ
 	}
 	resp := &pluginapi.AllocateResponse{}
 	for _, c := range req.ContainerRequests {
-		env, err := containerEnv(pl, s.name, c.DevicesIds, fail)
+		r, err := containerResponse(pl, s.name, c.DevicesIds, fail, newRequestID())
 		if err != nil {
 			p.log.Warn("allocation refused", "resource", s.name, "devices", c.DevicesIds, "err", err)
 			return nil, err
 		}
 		if p.o.Guardrails[s.name] {
-			addGuardrails(env, pl, c.DevicesIds)
+			if r.Envs == nil {
+				r.Envs = map[string]string{}
+			}
+			addGuardrails(r.Envs, pl, c.DevicesIds)
 		}
-		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{Envs: env})
+		resp.ContainerResponses = append(resp.ContainerResponses, r)
 	}
 	for _, c := range req.ContainerRequests {
 		p.remember(s.name, c.DevicesIds)

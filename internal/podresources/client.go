@@ -43,6 +43,22 @@ type Allocation struct {
 	Container string
 	Resource  string
 	DeviceIDs []string
+	// Claims are the container's DRA devices of one driver (Resource is
+	// then the driver's name, and DeviceIDs empty: the kubelet names DRA
+	// devices by driver, pool and device, which only the driver's
+	// ResourceSlices map to GPUs; package dra fills DeviceIDs in).
+	Claims []ClaimDevice
+}
+
+// ClaimDevice is one device of a DRA ResourceClaim that a container uses
+// (PodResources v1 dynamic_resources). Several containers, of one pod or
+// several, list the same device when they share the claim.
+type ClaimDevice struct {
+	ClaimNamespace, ClaimName string
+	Driver, Pool, Device      string
+	// ShareID tells apart the shares of a device allocated by consumable
+	// capacity; empty otherwise.
+	ShareID string
 }
 
 // Allocatable is the devices of one resource that the kubelet can hand out.
@@ -115,8 +131,9 @@ func (c *Client) Close() error {
 }
 
 // List returns every device allocation of every container on the node, in
-// the kubelet's order, one entry per container and resource. Containers
-// without devices, CPU and memory assignments and DRA claims are left out.
+// the kubelet's order, one entry per container and resource, then one per
+// container and DRA driver (with Claims). Containers without devices and
+// CPU and memory assignments are left out.
 func (c *Client) List(ctx context.Context) ([]Allocation, error) {
 	var resp *podresourcesv1.ListPodResourcesResponse
 	err := c.call(ctx, "List", func(ctx context.Context, opts ...grpc.CallOption) error {
@@ -139,9 +156,39 @@ func (c *Client) List(ctx context.Context) ([]Allocation, error) {
 					DeviceIDs: g.DeviceIDs,
 				})
 			}
+			for _, g := range groupClaims(ctr.GetDynamicResources()) {
+				g.Namespace, g.Pod, g.Container = pod.GetNamespace(), pod.GetName(), ctr.GetName()
+				out = append(out, g)
+			}
 		}
 	}
 	return out, nil
+}
+
+// groupClaims turns a container's DRA claims into one Allocation per
+// driver, devices in the kubelet's order.
+func groupClaims(claims []*podresourcesv1.DynamicResource) []Allocation {
+	var out []Allocation
+	index := map[string]int{}
+	for _, c := range claims {
+		for _, r := range c.GetClaimResources() {
+			if r.GetDriverName() == "" || r.GetDeviceName() == "" {
+				continue
+			}
+			i, ok := index[r.GetDriverName()]
+			if !ok {
+				i = len(out)
+				index[r.GetDriverName()] = i
+				out = append(out, Allocation{Resource: r.GetDriverName()})
+			}
+			out[i].Claims = append(out[i].Claims, ClaimDevice{
+				ClaimNamespace: c.GetClaimNamespace(), ClaimName: c.GetClaimName(),
+				Driver: r.GetDriverName(), Pool: r.GetPoolName(), Device: r.GetDeviceName(),
+				ShareID: r.GetShareId(),
+			})
+		}
+	}
+	return out
 }
 
 // Allocatable returns the node's devices per resource (GetAllocatableResources),

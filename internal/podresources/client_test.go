@@ -103,6 +103,39 @@ func TestListAndAllocatable(t *testing.T) {
 	}
 }
 
+// DRA claims come back one Allocation per container and driver, with the
+// kubelet's driver/pool/device names; a claim shared by two pods shows in
+// both, and a container may hold device-plugin GPUs and claims at once.
+func TestListDynamicResources(t *testing.T) {
+	path := podresourcestest.SocketPath(t)
+	srv, err := podresourcestest.Start(t, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu0 := podresources.ClaimDevice{ClaimNamespace: "ml", ClaimName: "shared-gpu", Driver: "gpu.nvidia.com", Pool: "node-a", Device: "gpu-0"}
+	gpu1 := podresources.ClaimDevice{ClaimNamespace: "ml", ClaimName: "train-gpus", Driver: "gpu.nvidia.com", Pool: "node-a", Device: "gpu-1"}
+	share := podresources.ClaimDevice{ClaimNamespace: "ml", ClaimName: "train-gpus", Driver: "gpu.nvidia.com", Pool: "node-a", Device: "gpu-2", ShareID: "3f1c"}
+	nic := podresources.ClaimDevice{ClaimNamespace: "ml", ClaimName: "train-nic", Driver: "nic.example.com", Pool: "node-a", Device: "eth1"}
+	srv.SetPods([]podresources.Allocation{
+		{Namespace: "ml", Pod: "train", Container: "main", Resource: "nvidia.com/gpu", DeviceIDs: []string{gpuA}},
+		{Namespace: "ml", Pod: "train", Container: "main", Claims: []podresources.ClaimDevice{gpu0, gpu1, nic, share}},
+		{Namespace: "ml", Pod: "infer", Container: "srv", Claims: []podresources.ClaimDevice{gpu0}},
+	})
+	got, err := newClient(t, path).List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []podresources.Allocation{
+		{Namespace: "ml", Pod: "train", Container: "main", Resource: "nvidia.com/gpu", DeviceIDs: []string{gpuA}},
+		{Namespace: "ml", Pod: "train", Container: "main", Resource: "gpu.nvidia.com", Claims: []podresources.ClaimDevice{gpu0, gpu1, share}},
+		{Namespace: "ml", Pod: "train", Container: "main", Resource: "nic.example.com", Claims: []podresources.ClaimDevice{nic}},
+		{Namespace: "ml", Pod: "infer", Container: "srv", Resource: "gpu.nvidia.com", Claims: []podresources.ClaimDevice{gpu0}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("List() mismatch (-want +got):\n%s", diff)
+	}
+}
+
 func TestUnavailable(t *testing.T) {
 	tests := []struct {
 		name  string

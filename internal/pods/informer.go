@@ -7,13 +7,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/gpuslice/gpuslice/internal/kube"
 )
 
 const (
@@ -71,32 +70,8 @@ func NewInformer(cfg *rest.Config, nodeName string, resync time.Duration) (*Info
 // podListWatch lists and watches the pods that match fieldSelector in all
 // namespaces.
 func podListWatch(cfg *rest.Config, fieldSelector string) (*cache.ListWatch, error) {
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	c := rest.CopyConfig(cfg)
-	c.APIPath = "/api"
-	c.GroupVersion = &corev1.SchemeGroupVersion
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	client, err := rest.RESTClientFor(c)
-	if err != nil {
-		return nil, err
-	}
-	params := runtime.NewParameterCodec(scheme)
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = fieldSelector
-			list := &corev1.PodList{}
-			err := client.Get().Resource("pods").VersionedParams(&o, params).Do(ctx).Into(list)
-			return list, err
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = fieldSelector
-			o.Watch = true
-			return client.Get().Resource("pods").VersionedParams(&o, params).Watch(ctx)
-		},
-	}, nil
+	return kube.ListWatch(cfg, corev1.SchemeGroupVersion, corev1.AddToScheme, "pods", fieldSelector,
+		func() runtime.Object { return &corev1.PodList{} })
 }
 
 // OnChange implements Notifier. A handler added after Start is first called

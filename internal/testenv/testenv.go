@@ -7,6 +7,7 @@
 package testenv
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -14,8 +15,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
@@ -80,7 +83,16 @@ func Start(t testing.TB) *Env {
 // its path, for programs started as separate processes.
 func (e *Env) Kubeconfig(t testing.TB, dir string) string {
 	t.Helper()
-	user, err := e.env.ControlPlane.AddUser(envtest.User{Name: "gpuslice-test", Groups: []string{"system:masters"}}, nil)
+	return e.KubeconfigAs(t, dir, "gpuslice-test", "system:masters")
+}
+
+// KubeconfigAs is Kubeconfig for a user of that name and groups, with only
+// the rights RBAC gives them. A ServiceAccount's user name
+// (system:serviceaccount:<namespace>:<name>) gets what is bound to the
+// ServiceAccount: RBAC matches such subjects by user name.
+func (e *Env) KubeconfigAs(t testing.TB, dir, name string, groups ...string) string {
+	t.Helper()
+	user, err := e.env.ControlPlane.AddUser(envtest.User{Name: name, Groups: groups}, nil)
 	if err != nil {
 		t.Fatalf("testenv: adding user: %v", err)
 	}
@@ -101,5 +113,40 @@ func (e *Env) CreateNamespace(t testing.TB, name string) {
 	_, err := e.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("testenv: namespace %s: %v", name, err)
+	}
+}
+
+// Apply creates every object of a manifest of RBAC objects (ServiceAccount,
+// ClusterRole, ClusterRoleBinding, Role, RoleBinding), documents separated
+// by "---" lines.
+func (e *Env) Apply(t testing.TB, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	for i, doc := range bytes.Split(data, []byte("\n---\n")) {
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("testenv: %s: document %d: %v", path, i, err)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = e.Client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			_, err = e.Client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = e.Client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = e.Client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = e.Client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("testenv: %s: document %d: unexpected %T", path, i, obj)
+		}
+		if err != nil {
+			t.Fatalf("testenv: %s: document %d: %v", path, i, err)
+		}
 	}
 }

@@ -62,15 +62,7 @@ func TestExporterOnSimulatedNode(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	addr := freeAddr(t)
-	start(t, binary(t, "cmd/exporter"),
-		"--web.listen-address="+addr,
-		"--gpu.backend=sim", "--sim.file="+n.SimFile(),
-		"--path.procfs="+n.Procfs(), "--path.pod-logs="+n.PodLogs(),
-		"--kubelet.pod-resources-socket="+n.PodResourcesSocket(),
-		"--pods.source=apiserver", "--kubeconfig="+env.Kubeconfig(t, t.TempDir()), "--node-name=gpu-node-1",
-	)
-	url := "http://" + addr + "/metrics"
+	url := "http://" + startSimExporter(t, env, n) + "/metrics"
 	var m metrics
 	poll := func(t *testing.T, what string, cond func(metrics) string) {
 		t.Helper()
@@ -209,4 +201,20 @@ func TestExporterOnSimulatedNode(t *testing.T) {
 				expect("gpuslice_container_gpu_memory_used_bytes", ctr("ml", "train-a", "main", g0), 4*gib))
 		})
 	})
+}
+
+// startSimExporter runs gpuslice-exporter on the simulated node, its pods
+// from the API server, and returns its address. args come last and so
+// override the defaults (a flag given twice keeps its last value).
+func startSimExporter(t *testing.T, env *testenv.Env, n *simnode.Node, args ...string) string {
+	t.Helper()
+	addr := freeAddr(t)
+	start(t, binary(t, "cmd/exporter"), append([]string{
+		"--web.listen-address=" + addr,
+		"--gpu.backend=sim", "--sim.file=" + n.SimFile(),
+		"--path.procfs=" + n.Procfs(), "--path.pod-logs=" + n.PodLogs(),
+		"--kubelet.pod-resources-socket=" + n.PodResourcesSocket(),
+		"--pods.source=apiserver", "--kubeconfig=" + env.Kubeconfig(t, t.TempDir()), "--node-name=" + n.Name,
+	}, args...)...)
+	return addr
 }

@@ -2,14 +2,16 @@ module github.com/gpuslice/gpuslice/test/nvtools
 
 go 1.26.0
 
-require github.com/NVIDIA/k8s-device-plugin v0.19.0
+require (
+	github.com/NVIDIA/k8s-device-plugin v0.19.0
+	github.com/NVIDIA/nvidia-container-toolkit v1.19.0
+)
 
 require (
 	cyphar.com/go-pathrs v0.2.1 // indirect
 	github.com/NVIDIA/go-gpuallocator v0.6.0 // indirect
 	github.com/NVIDIA/go-nvlib v0.9.1-0.20251202135446-d0f42ba016dd // indirect
 	github.com/NVIDIA/go-nvml v0.13.0-1.0.20260212130905-92cf8c963449 // indirect
-	github.com/NVIDIA/nvidia-container-toolkit v1.19.0 // indirect
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
 	github.com/cyphar/filepath-securejoin v0.6.1 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
@@ -35,6 +37,7 @@ require (
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/opencontainers/runtime-tools v0.9.1-0.20251114084447-edf4cb3d2116 // indirect
 	github.com/opencontainers/selinux v1.13.1 // indirect
+	github.com/pelletier/go-toml v1.9.5 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/procfs v0.20.1 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect

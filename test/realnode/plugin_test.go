@@ -31,6 +31,20 @@ func containerLog(t *testing.T, pod *corev1.Pod, container string) string {
 	return b.String()
 }
 
+// waitLog waits until the container's log holds every one of want.
+func waitLog(t *testing.T, pod *corev1.Pod, container string, want ...string) {
+	t.Helper()
+	testproc.Eventually(t, 20*time.Second, 200*time.Millisecond, func() string {
+		log := containerLog(t, pod, container)
+		for _, w := range want {
+			if !strings.Contains(log, w) {
+				return fmt.Sprintf("container log lacks %q:\n%s", w, log)
+			}
+		}
+		return ""
+	})
+}
+
 // TestPluginOnRealKubelet: gpuslice-plugin registers with the real kubelet,
 // its replica count changes live in both directions, a lowering keeps the
 // pods that hold IDs above the new count running while new pods wait, the
@@ -46,19 +60,10 @@ func TestPluginOnRealKubelet(t *testing.T) {
 
 	a := createPod(t, fakeCUDAPod("plugin-a", podOpts{args: []string{"-memory", "0s=1Gi", "-print-env"}}))
 	a = waitRunning(t, a.Name, 60*time.Second)
-	testproc.Eventually(t, 20*time.Second, 200*time.Millisecond, func() string {
-		log := containerLog(t, a, "cuda")
-		for _, want := range []string{
-			"env NVIDIA_VISIBLE_DEVICES=" + gpuUUID,
-			fmt.Sprintf("env GPUSLICE_GPU_MEMORY_BUDGET_BYTES=%d", gpuTotal/4),
-			"fakecuda: pid ",
-		} {
-			if !strings.Contains(log, want) {
-				return fmt.Sprintf("container log lacks %q:\n%s", want, log)
-			}
-		}
-		return ""
-	})
+	waitLog(t, a, "cuda",
+		"env NVIDIA_VISIBLE_DEVICES="+gpuUUID,
+		fmt.Sprintf("env GPUSLICE_GPU_MEMORY_BUDGET_BYTES=%d", gpuTotal/4),
+		"fakecuda: pid ")
 
 	// Up: 4 → 6, live.
 	writeConfig(t, cfg, 6)

@@ -46,6 +46,11 @@ type Node struct {
 	PodLogsDir       string
 	KubeletRootDir   string
 	LogsDir          string // logs of the node's processes (kubelet.log, containerd.log, …)
+	// CDISpecDir and CDIRuntimeHandler are where CDI specs go and the
+	// runtime handler that applies them (NVIDIA's container runtime in CDI
+	// mode); both empty when that runtime is not built.
+	CDISpecDir        string
+	CDIRuntimeHandler string
 
 	Config *rest.Config
 	Client kubernetes.Interface
@@ -105,6 +110,7 @@ func Up(ctx context.Context, binDir string, extraEnv ...string) (*Node, error) {
 	n.PodLogsDir = n.env["POD_LOGS_DIR"]
 	n.KubeletRootDir = n.env["KUBELET_ROOT_DIR"]
 	n.LogsDir = n.env["LOGS"]
+	n.CDISpecDir, n.CDIRuntimeHandler = n.env["CDI_SPEC_DIR"], n.env["CDI_RUNTIME_HANDLER"]
 	if n.Kubeconfig == "" || n.Name == "" {
 		n.Down()
 		return nil, fmt.Errorf("realnode: up.sh printed no KUBECONFIG/NODE_NAME:\n%s", out)

@@ -76,7 +76,10 @@ type Container struct {
 	RestartCount int32
 	// Replicas held: GPU UUID → replica numbers (for an unshared GPU, one
 	// entry with no numbers means the bare UUID).
-	Replicas  map[string][]int
+	Replicas map[string][]int
+	// Claims are the DRA devices the container's ResourceClaims give it,
+	// as the kubelet lists them (driver, pool, device).
+	Claims    []podresources.ClaimDevice
 	Processes []Process
 	// LastTermination, when set, is the previous instance's end.
 	LastTermination *corev1.ContainerStateTerminated
@@ -329,6 +332,9 @@ func (n *Node) allocations() []podresources.Allocation {
 			}
 			if len(a.DeviceIDs) > 0 {
 				out = append(out, a)
+			}
+			if len(c.Claims) > 0 {
+				out = append(out, podresources.Allocation{Namespace: p.Namespace, Pod: p.Name, Container: c.Name, Claims: c.Claims})
 			}
 		}
 	}

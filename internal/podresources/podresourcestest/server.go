@@ -83,12 +83,14 @@ func (s *Server) Path() string { return s.path }
 // SetPods replaces what List and Get answer. Allocations of the same pod and
 // container are grouped the way the kubelet groups them; order is kept. An
 // Allocation with neither Resource nor DeviceIDs lists a container that
-// holds no devices.
+// holds no devices. An Allocation's Claims are served as the container's
+// dynamic resources, one entry per claim (its Resource is not sent).
 func (s *Server) SetPods(allocs []podresources.Allocation) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pods = clone(allocs, func(a podresources.Allocation) podresources.Allocation {
 		a.DeviceIDs = append([]string(nil), a.DeviceIDs...)
+		a.Claims = append([]podresources.ClaimDevice(nil), a.Claims...)
 		return a
 	})
 }
@@ -226,6 +228,10 @@ func podProtos(allocs []podresources.Allocation) []*podresourcesv1.PodResources 
 			ctrIndex[[3]string{a.Namespace, a.Pod, a.Container}] = ctr
 			pod.Containers = append(pod.Containers, ctr)
 		}
+		if len(a.Claims) > 0 {
+			addClaims(ctr, a.Claims)
+			continue
+		}
 		if a.Resource != "" || len(a.DeviceIDs) > 0 {
 			ctr.Devices = append(ctr.Devices, &podresourcesv1.ContainerDevices{
 				ResourceName: a.Resource,
@@ -234,6 +240,28 @@ func podProtos(allocs []podresources.Allocation) []*podresourcesv1.PodResources 
 		}
 	}
 	return pods
+}
+
+// addClaims adds DRA devices to a container the way the kubelet lists
+// them: one DynamicResource per claim, its devices as ClaimResources.
+func addClaims(ctr *podresourcesv1.ContainerResources, claims []podresources.ClaimDevice) {
+	for _, c := range claims {
+		var dr *podresourcesv1.DynamicResource
+		for _, d := range ctr.DynamicResources {
+			if d.ClaimNamespace == c.ClaimNamespace && d.ClaimName == c.ClaimName {
+				dr = d
+			}
+		}
+		if dr == nil {
+			dr = &podresourcesv1.DynamicResource{ClaimNamespace: c.ClaimNamespace, ClaimName: c.ClaimName}
+			ctr.DynamicResources = append(ctr.DynamicResources, dr)
+		}
+		r := &podresourcesv1.ClaimResource{DriverName: c.Driver, PoolName: c.Pool, DeviceName: c.Device}
+		if c.ShareID != "" {
+			r.ShareId = &c.ShareID
+		}
+		dr.ClaimResources = append(dr.ClaimResources, r)
+	}
 }
 
 func clone[T any](in []T, f func(T) T) []T {

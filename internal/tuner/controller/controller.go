@@ -154,6 +154,7 @@ type Controller struct {
 	now     func() time.Time
 	id      string
 	m       *metrics
+	dra     *draAdvice
 	nodeSel labels.Selector
 	// sem is how the cluster's plugin reads a config; applier writes.
 	sem     semantics
@@ -206,6 +207,7 @@ func New(o Options) (*Controller, error) {
 	c.sem = semantics{nvidia: o.Config.Apply.Mode != config.ModePlugin}
 	c.applier = newApplier(c)
 	c.m = newMetrics(o.Registerer)
+	c.dra = newDRAAdvice(o.Registerer)
 	c.informers = informers.NewSharedInformerFactory(o.Client, 0)
 	c.nodes = c.informers.Core().V1().Nodes().Lister()
 	c.podInformers = pendingPods(c)
@@ -389,6 +391,11 @@ func (c *Controller) round(ctx context.Context) error {
 	seen := map[string]bool{}
 	for _, n := range nodes {
 		gpus := obs[n.Name]
+		if draManaged(n, gpus) {
+			c.adviseDRA(n, gpus, now)
+			continue
+		}
+		c.forgetDRA(n.Name)
 		if len(gpus) == 0 {
 			if hasGPUs(n) {
 				r.unsignalled = append(r.unsignalled, n.Name)
@@ -402,6 +409,15 @@ func (c *Controller) round(ctx context.Context) error {
 		}
 		seen[n.Name] = true
 		r.ws = append(r.ws, &work{node: n, gpus: gpus, st: st, record: readRecord(n.Annotations[AnnotationLastDecision])})
+	}
+	listed := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		listed[n.Name] = true
+	}
+	for name := range c.dra.sent {
+		if !listed[name] {
+			c.forgetDRA(name)
+		}
 	}
 	for name, st := range c.state {
 		if !seen[name] {

@@ -1,21 +1,17 @@
 package controller
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
 	"github.com/gpuslice/gpuslice/internal/testenv"
@@ -26,34 +22,7 @@ import (
 // applyRBAC creates every object of deploy/rbac/tuner.yaml.
 func applyRBAC(t *testing.T, env *testenv.Env) {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "..", "deploy", "rbac", "tuner.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	for i, doc := range bytes.Split(data, []byte("\n---\n")) {
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			t.Fatalf("document %d: %v", i, err)
-		}
-		switch o := obj.(type) {
-		case *corev1.ServiceAccount:
-			_, err = env.Client.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = env.Client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = env.Client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = env.Client.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = env.Client.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
-		default:
-			t.Fatalf("document %d: unexpected %T", i, obj)
-		}
-		if err != nil {
-			t.Fatalf("document %d: %v", i, err)
-		}
-	}
+	env.Apply(t, filepath.Join("..", "..", "..", "deploy", "rbac", "tuner.yaml"))
 }
 
 // testRBAC runs the tuner as its ServiceAccount with only the manifest's

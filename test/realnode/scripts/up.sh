@@ -38,6 +38,9 @@
 #      plugin's new count reaches Node.status.allocatable 0-10 s later).
 # Fixed by the kubelet whatever its --root-dir: the device-plugin socket
 # /var/lib/kubelet/device-plugins/kubelet.sock; pod logs go to /var/log/pods.
+# CDI: when BIN_DIR holds nvidia-container-runtime.cdi, pods with a
+# RuntimeClass of handler nvidia-cdi get the CDI devices named in their
+# cdi.k8s.io/ annotations from the specs in CDI_SPEC_DIR (printed then).
 # Pods get no network but their own loopback (CNI plugin "noop", pod IP
 # reported as 127.0.0.1); hostNetwork pods work too. Images: none pulled;
 # preloaded: registry.k8s.io/pause:3.10 (sandbox) and realnode.local/busybox:1.35
@@ -138,6 +141,34 @@ grep -qw overlay /proc/filesystems || snap=native
 restrict_oom=false
 # CAP_SYS_RESOURCE is bit 24 of CapBnd
 (( (16#$(awk '/^CapBnd/{print $2}' /proc/self/status) >> 24) & 1 )) || restrict_oom=true
+# CDI: containerd 1.6.20 has no CDI support of its own (enable_cdi and
+# cdi_spec_dirs arrived in 1.7), so CDI requests go the way NVIDIA documents
+# for older containerd and k3s ships as its nvidia-cdi RuntimeClass: the
+# runtime handler "nvidia-cdi" runs NVIDIA's nvidia-container-runtime in CDI
+# mode (hack/nvidia-bins.sh builds it), containerd passes the cdi.k8s.io/
+# annotations a device plugin returns through to the OCI spec, and the
+# runtime applies the specs in $RN/cdi before handing over to runc. The
+# kubelet's CRI CDIDevices field (the cdi-cri strategy) needs containerd >= 1.7.
+CDI_RUNTIME="${BIN_DIR:-$REPO/.cache/bin}/nvidia-container-runtime.cdi"
+cdi_runtime=""
+if [[ -x "$CDI_RUNTIME" ]]; then
+  mkdir -p "$RN/cdi" "$RN/nvidia-container-runtime"
+  cat >"$RN/nvidia-container-runtime/config.toml" <<EOF
+[nvidia-container-runtime]
+debug = "$RN/logs/nvidia-container-runtime.log"
+log-level = "info"
+runtimes = ["$(command -v runc)"]
+[nvidia-container-runtime.modes.cdi]
+spec-dirs = ["$RN/cdi"]
+annotation-prefixes = ["cdi.k8s.io/"]
+EOF
+  cdi_runtime="    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia-cdi]
+      runtime_type = \"io.containerd.runc.v2\"
+      container_annotations = [\"cdi.k8s.io/*\"]
+      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia-cdi.options]
+        BinaryName = \"$CDI_RUNTIME\"
+        SystemdCgroup = false"
+fi
 cat >"$RN/containerd/config.toml" <<EOF
 version = 2
 root = "$RN/containerd/root"
@@ -160,12 +191,14 @@ state = "$RN/containerd/state"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+$cdi_runtime
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$RN/cni/bin"
     conf_dir = "$RN/cni/net.d"
     max_conf_num = 1
 EOF
-start containerd "$RN/containerd/config.toml" containerd --config "$RN/containerd/config.toml"
+start containerd "$RN/containerd/config.toml" env "NVIDIA_CTK_CONFIG_FILE_PATH=$RN/nvidia-container-runtime/config.toml" \
+  containerd --config "$RN/containerd/config.toml"
 wait_for 30 containerd "$RNCTL" cri-status -endpoint "$SOCK"
 
 # ---- 5. images (no registry): pause as the sandbox image, busybox as a workload
@@ -334,3 +367,7 @@ RNCTL=$RNCTL
 LOGS=$RN/logs
 DOWN=$HERE/down.sh
 EOF
+if [[ -n "$cdi_runtime" ]]; then
+  echo "CDI_SPEC_DIR=$RN/cdi"
+  echo "CDI_RUNTIME_HANDLER=nvidia-cdi"
+fi

@@ -148,6 +148,14 @@ Validation of value combinations that would render a broken install.
 {{- if not (has .Values.exporter.podsSource (list "apiserver" "kubelet" "none")) }}
 {{- fail (printf "exporter.podsSource %q: want apiserver, kubelet or none" .Values.exporter.podsSource) }}
 {{- end }}
+{{- range (ternary (list .Values.plugin.deviceListStrategy) .Values.plugin.deviceListStrategy (kindIs "string" .Values.plugin.deviceListStrategy)) }}
+{{- if and . (not (has . (list "envvar" "volume-mounts" "cdi-annotations" "cdi-cri"))) }}
+{{- fail (printf "plugin.deviceListStrategy %q: want envvar, volume-mounts, cdi-annotations or cdi-cri (or a list of them)" .) }}
+{{- end }}
+{{- end }}
+{{- if not (has .Values.plugin.deviceIDStrategy (list "" "uuid" "index")) }}
+{{- fail (printf "plugin.deviceIDStrategy %q: want uuid or index" .Values.plugin.deviceIDStrategy) }}
+{{- end }}
 {{- if and .Values.tuner.enabled (eq .Values.tuner.mode "plugin") (not .Values.plugin.enabled) }}
 {{- fail "tuner.mode=plugin needs plugin.enabled=true: nothing else reads the config the tuner writes in that mode" }}
 {{- end }}
