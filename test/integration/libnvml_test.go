@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"runtime"
@@ -263,20 +262,37 @@ func TestLibnvmlBackendMatchesSim(t *testing.T) {
 	})
 }
 
-// TestLibnvmlInitFailsOnBadFile checks that a sim file that cannot be
-// read fails NVML's init with a message that names the file.
+// TestLibnvmlInitFailsOnBadFile checks that a sim file that cannot be read
+// fails NVML's init with a message that names the file, and that the
+// exporter then does what it does on a node without NVML: it keeps serving
+// (GPU collector at 0) and logs the failure, instead of exiting into a crash
+// loop that hides the message.
 func TestLibnvmlInitFailsOnBadFile(t *testing.T) {
 	libDir := simLibraryDir(t)
 	exporter := binary(t, "cmd/exporter")
 	missing := filepath.Join(t.TempDir(), "missing.yaml")
-	cmd := exec.Command(exporter, "--gpu.backend=nvml", "--web.listen-address="+freeAddr(t),
-		"--kubelet.pod-resources-socket=", "--pods.source=none")
-	cmd.Env = append(os.Environ(), "GPUSLICE_SIM_FILE="+missing, "LD_LIBRARY_PATH="+libDir)
-	out, err := cmd.CombinedOutput()
-	if err == nil {
-		t.Fatalf("exporter started on a missing sim file:\n%s", out)
-	}
-	if !strings.Contains(string(out), "Driver Not Loaded") || !strings.Contains(string(out), missing) {
-		t.Errorf("exporter output does not say NVML init failed on %s:\n%s", missing, out)
-	}
+	addr := freeAddr(t)
+	p := startEnv(t, []string{"GPUSLICE_SIM_FILE=" + missing, "LD_LIBRARY_PATH=" + libDir}, exporter,
+		"--gpu.backend=nvml", "--web.listen-address="+addr, "--kubelet.pod-resources-socket=", "--pods.source=none")
+	eventually(t, 30*time.Second, func() string {
+		m, err := scrape("http://" + addr + "/metrics")
+		if err != nil {
+			return err.Error()
+		}
+		ok := false
+		for _, s := range m["gpuslice_exporter_collect_success"].GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "collector" && l.GetValue() == "gpu" && s.GetGauge().GetValue() == 0 {
+					ok = true
+				}
+			}
+		}
+		if !ok {
+			return "gpuslice_exporter_collect_success{collector=\"gpu\"} is not 0"
+		}
+		if out := p.Output(); !strings.Contains(out, "Driver Not Loaded") || !strings.Contains(out, missing) {
+			return "exporter output does not say NVML init failed on " + missing + ":\n" + out
+		}
+		return ""
+	})
 }
