@@ -170,6 +170,17 @@ func ensureNamespace(t *testing.T, name string) {
 	}
 }
 
+// lastDecision is the tuner's gpuslice.io/last-decision annotation on the
+// node: why it did or did not change the count.
+func lastDecision(t *testing.T) string {
+	t.Helper()
+	node, err := world.node.Client.CoreV1().Nodes().Get(context.Background(), world.node.Name, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	return node.Annotations["gpuslice.io/last-decision"]
+}
+
 // configLabel is the node's nvidia.com/device-plugin.config label.
 func configLabel(t *testing.T) string {
 	t.Helper()
@@ -280,7 +291,7 @@ apply:
 
 	testproc.Eventually(t, 120*time.Second, 500*time.Millisecond, func() string {
 		if l := configLabel(t); l != "gpuslice-3" {
-			return fmt.Sprintf("node label %q, want gpuslice-3", l)
+			return fmt.Sprintf("node label %q, want gpuslice-3; the tuner's last decision: %s", l, lastDecision(t))
 		}
 		return ""
 	})

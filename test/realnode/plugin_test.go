@@ -45,6 +45,19 @@ func waitLog(t *testing.T, pod *corev1.Pod, container string, want ...string) {
 	})
 }
 
+// podEvents are the reasons and messages of the pod's Events.
+func podEvents(t *testing.T, pod string) string {
+	evs, err := world.node.Client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, e := range evs.Items {
+		out = append(out, e.Reason+": "+e.Message)
+	}
+	return strings.Join(out, "; ")
+}
+
 // TestPluginOnRealKubelet: gpuslice-plugin registers with the real kubelet,
 // its replica count changes live in both directions, a lowering keeps the
 // pods that hold IDs above the new count running while new pods wait, the
@@ -162,13 +175,15 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 		return p.Status.ContainerStatuses[0].RestartCount
 	}
 	before := restarts(getPod(t, looper.Name))
-	testproc.Eventually(t, 120*time.Second, 500*time.Millisecond, func() string {
+	// The kubelet's crash-loop back-off doubles from 10 s up to 5 min; after
+	// the restart it may also have to set up the sandbox again.
+	testproc.Eventually(t, 240*time.Second, 500*time.Millisecond, func() string {
 		p := getPod(t, looper.Name)
 		if p.Status.Phase == corev1.PodFailed {
 			t.Fatalf("after the kubelet restart the looper was failed: %s", podWhy(p))
 		}
 		if rc := restarts(p); rc <= before {
-			return fmt.Sprintf("looper restart count %d, want > %d (%s)", rc, before, podWhy(p))
+			return fmt.Sprintf("looper restart count %d, want > %d (%s); events: %s", rc, before, podWhy(p), podEvents(t, looper.Name))
 		}
 		return ""
 	})
