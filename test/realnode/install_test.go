@@ -156,7 +156,9 @@ func TestHelmInstall(t *testing.T) {
 		if !uninstalled {
 			helm(t, "uninstall", release, "-n", installNS, "--wait", "--timeout", "2m")
 		}
-		setLabel(t, "")
+		// What uninstall keeps on purpose (the label, the tuner's record)
+		// would hold the next test's tuner in its cooldown.
+		untuneNode(t)
 		waitAllocatable(t, gpuRes, 0, 60*time.Second)
 	})
 

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpuslice/gpuslice/internal/testproc"
 	"github.com/gpuslice/gpuslice/test/realnode"
@@ -170,6 +171,20 @@ func ensureNamespace(t *testing.T, name string) {
 	}
 }
 
+// untuneNode removes what a tuner leaves on the node (its config label and
+// its decision record): a tuner started later reads a recorded change as
+// recent and waits out its cooldown from it, as it should in a cluster, so a
+// test that expects a first raise starts from a node no tuner has touched.
+func untuneNode(t *testing.T) {
+	t.Helper()
+	patch := []byte(`{"metadata":{"labels":{"nvidia.com/device-plugin.config":null},` +
+		`"annotations":{"gpuslice.io/last-decision":null,"gpuslice.io/replicas":null}}}`)
+	if _, err := world.node.Client.CoreV1().Nodes().Patch(context.Background(), world.node.Name,
+		types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("clearing the tuner's label and annotations from the node: %v", err)
+	}
+}
+
 // lastDecision is the tuner's gpuslice.io/last-decision annotation on the
 // node: why it did or did not change the count.
 func lastDecision(t *testing.T) string {
@@ -218,6 +233,7 @@ func tunerPolicy(maxReplicas int) string {
 // admits no more pods than it.
 func TestClosedLoop(t *testing.T) {
 	n := need(t)
+	untuneNode(t)
 	began := time.Now()
 	ctx := context.Background()
 	const cmNS, cmName = "gpuslice", "gpuslice-plugin-config"
@@ -231,9 +247,7 @@ func TestClosedLoop(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		_ = n.Client.CoreV1().ConfigMaps(cmNS).Delete(ctx, cmName, metav1.DeleteOptions{})
-		// The next test starts from an unlabelled node.
-		patch := []byte(`{"metadata":{"labels":{"nvidia.com/device-plugin.config":null},"annotations":{"gpuslice.io/last-decision":null}}}`)
-		_, _ = n.Client.CoreV1().Nodes().Patch(ctx, n.Name, "application/merge-patch+json", patch, metav1.PatchOptions{})
+		untuneNode(t)
 	})
 
 	settleDevices(t)

@@ -326,6 +326,8 @@ func TestNVIDIARestartMode(t *testing.T) {
 // `default` key, although the ConfigMap now has several keys.
 func TestTunerDrivesNVIDIAConfigManager(t *testing.T) {
 	nvidiaSetup(t)
+	untuneNode(t)
+	t.Cleanup(func() { untuneNode(t) })
 	n := world.node
 	ctx := context.Background()
 	runNVIDIA(t, map[string]string{"default": sharedConfig(2)}, nvidiaDaemonSet(n, true, ""))
