@@ -48,9 +48,12 @@ type Node struct {
 	LogsDir          string // logs of the node's processes (kubelet.log, containerd.log, …)
 	// CDISpecDir and CDIRuntimeHandler are where CDI specs go and the
 	// runtime handler that applies them (NVIDIA's container runtime in CDI
-	// mode); both empty when that runtime is not built.
-	CDISpecDir        string
-	CDIRuntimeHandler string
+	// mode); NVIDIARuntimeHandler is the handler k3s names nvidia, here the
+	// same runtime (see scripts/up.sh). All empty when that runtime is not
+	// built.
+	CDISpecDir           string
+	CDIRuntimeHandler    string
+	NVIDIARuntimeHandler string
 
 	Config *rest.Config
 	Client kubernetes.Interface
@@ -111,6 +114,7 @@ func Up(ctx context.Context, binDir string, extraEnv ...string) (*Node, error) {
 	n.KubeletRootDir = n.env["KUBELET_ROOT_DIR"]
 	n.LogsDir = n.env["LOGS"]
 	n.CDISpecDir, n.CDIRuntimeHandler = n.env["CDI_SPEC_DIR"], n.env["CDI_RUNTIME_HANDLER"]
+	n.NVIDIARuntimeHandler = n.env["NVIDIA_RUNTIME_HANDLER"]
 	if n.Kubeconfig == "" || n.Name == "" {
 		n.Down()
 		return nil, fmt.Errorf("realnode: up.sh printed no KUBECONFIG/NODE_NAME:\n%s", out)

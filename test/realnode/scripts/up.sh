@@ -39,8 +39,9 @@
 # Fixed by the kubelet whatever its --root-dir: the device-plugin socket
 # /var/lib/kubelet/device-plugins/kubelet.sock; pod logs go to /var/log/pods.
 # CDI: when BIN_DIR holds nvidia-container-runtime.cdi, pods with a
-# RuntimeClass of handler nvidia-cdi get the CDI devices named in their
-# cdi.k8s.io/ annotations from the specs in CDI_SPEC_DIR (printed then).
+# RuntimeClass of handler nvidia-cdi (or nvidia: the same runtime) get the CDI
+# devices named in their cdi.k8s.io/ annotations, or else in their
+# NVIDIA_VISIBLE_DEVICES, from the specs in CDI_SPEC_DIR (printed then).
 # Pods get no network but their own loopback (CNI plugin "noop", pod IP
 # reported as 127.0.0.1); hostNetwork pods work too. Images: none pulled;
 # preloaded: registry.k8s.io/pause:3.10 (sandbox) and realnode.local/busybox:1.35
@@ -149,6 +150,13 @@ restrict_oom=false
 # annotations a device plugin returns through to the OCI spec, and the
 # runtime applies the specs in $RN/cdi before handing over to runc. The
 # kubelet's CRI CDIDevices field (the cdi-cri strategy) needs containerd >= 1.7.
+# The handler "nvidia" (k3s's RuntimeClass for GPU pods) runs the same
+# binary: on k3s it is nvidia-container-runtime, whose auto mode (jit-cdi since
+# v1.18, legacy before) sets the container up from the real driver
+# (NVML, /dev/nvidia*, the driver's libraries), which this node has none of;
+# here the edits come from the pre-generated spec in $RN/cdi, as
+# `nvidia-ctk cdi generate` writes it, and NVIDIA_VISIBLE_DEVICES=all asks
+# for its device nvidia.com/gpu=all.
 CDI_RUNTIME="${BIN_DIR:-$REPO/.cache/bin}/nvidia-container-runtime.cdi"
 cdi_runtime=""
 if [[ -x "$CDI_RUNTIME" ]]; then
@@ -162,12 +170,15 @@ runtimes = ["$(command -v runc)"]
 spec-dirs = ["$RN/cdi"]
 annotation-prefixes = ["cdi.k8s.io/"]
 EOF
-  cdi_runtime="    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia-cdi]
+  for handler in nvidia-cdi nvidia; do
+    cdi_runtime+="    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.$handler]
       runtime_type = \"io.containerd.runc.v2\"
       container_annotations = [\"cdi.k8s.io/*\"]
-      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia-cdi.options]
+      [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.$handler.options]
         BinaryName = \"$CDI_RUNTIME\"
-        SystemdCgroup = false"
+        SystemdCgroup = false
+"
+  done
 fi
 cat >"$RN/containerd/config.toml" <<EOF
 version = 2
@@ -370,4 +381,5 @@ EOF
 if [[ -n "$cdi_runtime" ]]; then
   echo "CDI_SPEC_DIR=$RN/cdi"
   echo "CDI_RUNTIME_HANDLER=nvidia-cdi"
+  echo "NVIDIA_RUNTIME_HANDLER=nvidia"
 fi
