@@ -90,6 +90,11 @@ func Manifests() []Manifest {
 			Args:        []string{"--set", "runtimeClassName=nvidia"},
 		},
 		{
+			File:        "gpuslice-k3s-plugin.yaml",
+			Description: "gpuslice on k3s with the NVIDIA Container Toolkit and its own device plugin: runtimeClassName nvidia, exporter, gpuslice-plugin DaemonSet, and the tuner in plugin mode, in dry run until tuner.yaml says dryRun: false.",
+			Args:        []string{"--set", "runtimeClassName=nvidia", "--set", "plugin.enabled=true", "--set", "tuner.mode=plugin"},
+		},
+		{
 			File:        "gpuslice-monitoring.yaml",
 			Description: "kube-prometheus-stack objects only: ServiceMonitors, the PrometheusRule and the Grafana dashboard ConfigMaps (apply after gpuslice.yaml; add the release label your Prometheus selects).",
 			Args: []string{
