@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,39 +35,32 @@ const (
 
 // installValues adapts the chart to this node, as a homelab user adapts it
 // to theirs: the image imported into the node's containerd (never pulled),
-// the kubelet's root dir, the NVML library and the GPU's device directory
-// mounted as the NVIDIA container toolkit mounts them, and host networking
-// with the API server's address in place of a pod network (this node has
-// none). The tuner runs in plugin mode against gpuslice-plugin, in dry run.
-func installValues(n *realnode.Node, lib string) string {
-	api, _ := url.Parse(n.Config.Host)
-	apiEnv := fmt.Sprintf(`
-    - {name: KUBERNETES_SERVICE_HOST, value: %q}
-    - {name: KUBERNETES_SERVICE_PORT, value: %q}`, api.Hostname(), api.Port())
-	gpuEnv := apiEnv + fmt.Sprintf(`
-    - {name: GPUSLICE_SIM_FILE, value: %q}`, simGPUPath+"/gpus.yaml")
-	gpuVolumes := fmt.Sprintf(`
-  extraVolumes:
-    - {name: nvml, hostPath: {path: %q, type: File}}
-    - {name: gpu, hostPath: {path: %q, type: Directory}}
-  extraVolumeMounts:
-    - {name: nvml, mountPath: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1, readOnly: true}
-    - {name: gpu, mountPath: %q, readOnly: true}`, lib, simGPUPath, simGPUPath)
+// the NVIDIA runtime class (README step 1: here NVIDIA's runtime injects the
+// simulated GPU's NVML and driver directory from the node's CDI spec, as it
+// injects a real driver's), the kubelet's root dir, and host networking with
+// the API server's address in place of a pod network (this node has none).
+// The tuner runs in plugin mode against gpuslice-plugin, in dry run.
+func installValues(n *realnode.Node) string {
+	var env strings.Builder
+	for _, e := range apiServerEnv(n) {
+		fmt.Fprintf(&env, "\n    - {name: %q, value: %q}", e.Name, e.Value)
+	}
 	return fmt.Sprintf(`image:
   pullPolicy: Never
+runtimeClassName: %s
 kubeletRootDir: %q
 devicePluginDir: %q
 podLogsDir: %q
 exporter:
   hostNetwork: true
   port: %d
-  extraEnv:%s%s
+  extraEnv:%s
 plugin:
   enabled: true
   hostNetwork: true
   port: %d
   extraArgs: [--kubelet.pod-resources-interval=1s, --health.interval=1s]
-  extraEnv:%s%s
+  extraEnv:%s
 tuner:
   hostNetwork: true
   port: %d
@@ -83,10 +77,8 @@ tuner:
       cooldown: 10m
       pressureWindow: 2s
       sampleInterval: 1s
-`, n.KubeletRootDir, n.DevicePluginDir, n.PodLogsDir,
-		exporterPort, gpuEnv, gpuVolumes,
-		pluginPort, gpuEnv, gpuVolumes,
-		tunerPort, apiEnv)
+`, nvidiaRuntimeClass, n.KubeletRootDir, n.DevicePluginDir, n.PodLogsDir,
+		exporterPort, env.String(), pluginPort, env.String(), tunerPort, env.String())
 }
 
 // helm runs the helm binary hack/helm.sh built against the node.
@@ -105,45 +97,32 @@ func helm(t *testing.T, args ...string) string {
 // TestHelmInstall installs deploy/helm/gpuslice on the real node with the
 // image `make image` builds here, and runs the product from it: every
 // program is a pod of the chart, under its ServiceAccount and the chart's
-// RBAC (the API server runs ServiceAccount admission and RBAC). The exporter
-// reads the GPU through libnvidia-ml and attributes fake-CUDA pods;
-// gpuslice-plugin registers with the kubelet from its container; a real
-// Prometheus discovers the exporter as the chart's PodMonitor does and fires
-// GPUSliceOOM on a real OOM; the tuner first only records what it would do,
-// then, after `helm upgrade` turns dry run off, applies; a further upgrade
-// keeps what the tuner wrote; uninstall leaves the node's labels.
+// RBAC (the API server runs ServiceAccount admission and RBAC), the
+// exporter and plugin with runtimeClassName nvidia, so that NVIDIA's
+// container runtime gives them NVML. The exporter reads the GPU through
+// libnvidia-ml and attributes fake-CUDA pods; gpuslice-plugin registers
+// with the kubelet from its container; a real Prometheus discovers the
+// exporter as the chart's PodMonitor does and fires GPUSliceOOM on a real
+// OOM, and a real Alertmanager running the shipped example configuration
+// routes it to its gpu-oom receiver; the tuner first only records what it
+// would do, then, after `helm upgrade` turns dry run off, applies; a further
+// upgrade keeps what the tuner wrote; uninstall leaves the node's labels.
 func TestHelmInstall(t *testing.T) {
 	n := need(t)
 	ctx := context.Background()
-	lib := nvmlLib(t)
 	testproc.Hack(t, "helm.sh")
 
 	// 1. The image, as `make image image-import` makes it.
-	tar := filepath.Join(t.TempDir(), "gpuslice.tar")
-	build := exec.CommandContext(ctx, "bash", filepath.Join(realnode.Repo(), "hack", "image.sh"), tar)
-	build.Dir = realnode.Repo()
-	out, err := build.CombinedOutput()
-	if err != nil {
-		t.Fatalf("hack/image.sh: %v\n%s", err, out)
-	}
-	var image string
-	for _, l := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(l, "IMAGE="); ok {
-			image = v
-		}
-	}
-	if image == "" {
-		t.Fatalf("hack/image.sh printed no IMAGE=:\n%s", out)
-	}
-	if out, err := exec.CommandContext(ctx, "ctr", "--address", n.ContainerdSock, "-n", "k8s.io", "images", "import", tar).CombinedOutput(); err != nil {
-		t.Fatalf("importing %s: %v\n%s", image, err, out)
-	}
+	image := gpusliceImage(t)
 
-	// 2. The node as the README's walk-through leaves it: labelled as a GPU node.
-	labelNode(t, "nvidia.com/gpu.present", "true")
-	t.Cleanup(func() { labelNode(t, "nvidia.com/gpu.present", "") })
+	// 2. The node as the README's walk-through leaves it: the NVIDIA
+	// runtime class, the node labelled as a GPU node.
+	prepareGPUNode(t)
+	// Other tests use the namespace too (the tuner's Lease, a plugin
+	// ConfigMap): this install starts from none.
+	removeInstallNamespace(t)
 	values := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(values, []byte(installValues(n, lib)), 0o644); err != nil {
+	if err := os.WriteFile(values, []byte(installValues(n)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	chart := filepath.Join(realnode.Repo(), "deploy", "helm", "gpuslice")
@@ -156,25 +135,14 @@ func TestHelmInstall(t *testing.T) {
 		if !uninstalled {
 			helm(t, "uninstall", release, "-n", installNS, "--wait", "--timeout", "2m")
 		}
+		removeInstallNamespace(t)
 		// What uninstall keeps on purpose (the label, the tuner's record)
 		// would hold the next test's tuner in its cooldown.
 		untuneNode(t)
 		waitAllocatable(t, gpuRes, 0, 60*time.Second)
 	})
 
-	pods := installedPods(t)
-	for comp, sa := range map[string]string{"exporter": "gpuslice-exporter", "plugin": "gpuslice-plugin", "tuner": "gpuslice-tuner"} {
-		p, ok := pods[comp]
-		if !ok {
-			t.Fatalf("no running %s pod; have %v", comp, pods)
-		}
-		if p.Spec.ServiceAccountName != sa {
-			t.Errorf("%s runs as ServiceAccount %q, want the chart's %s", comp, p.Spec.ServiceAccountName, sa)
-		}
-		if c := p.Spec.Containers[0]; c.Image != image {
-			t.Errorf("%s runs image %s, want the one built here, %s", comp, c.Image, image)
-		}
-	}
+	pods := checkInstalled(t, image)
 
 	// 3. gpuslice-plugin registered from its container: the chart's default
 	// config advertises 4 replicas of the one GPU.
@@ -184,7 +152,8 @@ func TestHelmInstall(t *testing.T) {
 	// PodMonitors select them: the release's pods of each component, their
 	// container port named metrics, the node name as label node. (Debian's
 	// Prometheus has no kubernetes_sd, so the test discovers the pods through
-	// the API the same way and writes static targets.)
+	// the API the same way and writes static targets.) It sends its alerts
+	// to a real Alertmanager running the shipped example configuration.
 	target := func(comp string) string {
 		p := pods[comp]
 		for _, c := range p.Spec.Containers {
@@ -202,32 +171,35 @@ func TestHelmInstall(t *testing.T) {
 		t.Fatalf("%s pod %s has no container port named metrics", comp, p.Name)
 		return ""
 	}
-	prom := runPrometheus(t, target("exporter")+target("tuner"), fmt.Sprintf(`up{job="%s/gpuslice-exporter",node=%q}`, installNS, n.Name))
+	am := runAlertmanager(t)
+	prom := runPrometheus(t, target("exporter")+target("tuner"), fmt.Sprintf(`up{job="%s/gpuslice-exporter",node=%q}`, installNS, n.Name), am.addr)
 
 	// 5. Attribution: the exporter in its pod sees the GPU through
 	// libnvidia-ml and maps a fake-CUDA pod's host PID to the pod.
-	createPod(t, fakeCUDAPod("inst-a1", podOpts{args: []string{"-memory", "0s=20Gi", "-quiet"}}))
-	waitRunning(t, "inst-a1", 60*time.Second)
-	testproc.Eventually(t, 60*time.Second, 500*time.Millisecond, func() string {
-		q := fmt.Sprintf(`gpuslice_container_gpu_memory_used_bytes{namespace=%q,pod="inst-a1",container="cuda",uuid=%q,node=%q}`, namespace, gpuUUID, n.Name)
-		v, msg := prom.query(q)
-		if msg != "" || int64(v) != 20*gib {
-			return fmt.Sprintf("%s = %v %s", q, v, msg)
-		}
-		return ""
-	})
+	runAttributed(t, "inst-a1", prom.series)
+	noForbidden(t, pods)
 
 	// 6. A real OOM: a second pod grows past what a1 left. The exporter
-	// counts it from /var/log/pods, GPUSliceOOM fires, and the tuner, in dry
-	// run, only records that it would lower the replicas.
+	// counts it from /var/log/pods, GPUSliceOOM fires and reaches
+	// Alertmanager, and the tuner, in dry run, only records that it would
+	// lower the replicas.
 	// It holds 26 GiB next to a1's 20 (46 of 48: a full GPU) long enough for
 	// the tuner's samples, then fails to grow: an OOM the policy lowers for,
 	// unlike one with most of the GPU free (issue 9's proportionate policy).
 	fullGPU := []string{"-memory", "0s=1Gi,3s=26Gi,15s=30Gi", "-quiet"}
 	createPod(t, fakeCUDAPod("inst-oom1", podOpts{restart: corev1.RestartPolicyNever, args: fullGPU}))
+	oomLabels := map[string]string{"node": n.Name, "namespace": namespace, "pod": "inst-oom1", "container": "cuda"}
 	testproc.Eventually(t, 90*time.Second, 500*time.Millisecond, func() string {
-		_, msg := prom.firing("GPUSliceOOM", map[string]string{"node": n.Name, "pod": "inst-oom1", "container": "cuda"})
+		_, msg := prom.firing("GPUSliceOOM", oomLabels)
 		return msg
+	})
+	// The alert as Alertmanager has it: the rule's labels and the series',
+	// routed by the example's route to the gpu-oom receiver.
+	wantOOM := maps.Clone(oomLabels)
+	maps.Copy(wantOOM, map[string]string{"alertname": "GPUSliceOOM", "severity": "warning", "uuid": gpuUUID,
+		"source": "log", "job": installNS + "/gpuslice-exporter"})
+	testproc.Eventually(t, 30*time.Second, 500*time.Millisecond, func() string {
+		return am.active("GPUSliceOOM", wantOOM, "gpu-oom")
 	})
 	testproc.Eventually(t, 60*time.Second, 500*time.Millisecond, func() string { return nodeEvent(t, "ReplicasLowered", "would be lowered", "4 -> 2") })
 	if l := configLabel(t); l != "" {
@@ -238,6 +210,14 @@ func TestHelmInstall(t *testing.T) {
 	}
 	if v, msg := prom.query(`gpuslice_tuner_leader`); msg != "" || v != 1 {
 		t.Errorf("gpuslice_tuner_leader = %v %s, want 1 (its Lease under the chart's Role)", v, msg)
+	}
+	// The gpu-oom receiver's webhook got the notification (after the
+	// route's group_wait of 10 s), and no other receiver.
+	testproc.Eventually(t, 60*time.Second, 500*time.Millisecond, func() string {
+		return am.notified("gpu-oom", "GPUSliceOOM", wantOOM)
+	})
+	if got := am.notifiedOf("GPUSliceOOM"); !slices.Equal(got, []string{"gpu-oom"}) {
+		t.Errorf("GPUSliceOOM notified to receivers %v, want [gpu-oom]", got)
 	}
 
 	// 7. helm upgrade: dry run off. The tuner's pod rolls; the next OOM
@@ -292,6 +272,204 @@ func TestHelmInstall(t *testing.T) {
 	}
 }
 
+// nvidiaRuntimeClass is the RuntimeClass k3s creates for the NVIDIA
+// container runtime, and the chart README's walk-through sets.
+const nvidiaRuntimeClass = "nvidia"
+
+var builtImage struct {
+	once sync.Once
+	ref  string
+	err  error
+}
+
+// gpusliceImage builds the image as `make image` does (hack/image.sh: no
+// container engine, no registry) and imports it into the node's containerd
+// as `make image-import` (`k3s ctr images import` on k3s) does, once per
+// test binary; it returns the image's reference, the chart's default.
+func gpusliceImage(t *testing.T) string {
+	t.Helper()
+	n := world.node
+	builtImage.once.Do(func() {
+		tar := filepath.Join(t.TempDir(), "gpuslice.tar")
+		build := exec.Command("bash", filepath.Join(realnode.Repo(), "hack", "image.sh"), tar)
+		build.Dir = realnode.Repo()
+		out, err := build.CombinedOutput()
+		if err != nil {
+			builtImage.err = fmt.Errorf("hack/image.sh: %w\n%s", err, out)
+			return
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if v, ok := strings.CutPrefix(l, "IMAGE="); ok {
+				builtImage.ref = v
+			}
+		}
+		if builtImage.ref == "" {
+			builtImage.err = fmt.Errorf("hack/image.sh printed no IMAGE=:\n%s", out)
+			return
+		}
+		if out, err := exec.Command("ctr", "--address", n.ContainerdSock, "-n", "k8s.io", "images", "import", tar).CombinedOutput(); err != nil {
+			builtImage.err = fmt.Errorf("importing %s: %w\n%s", builtImage.ref, err, out)
+		}
+	})
+	if builtImage.err != nil {
+		t.Fatal(builtImage.err)
+	}
+	return builtImage.ref
+}
+
+// prepareGPUNode does on the node what the chart README's k3s walk-through
+// does before installing: the NVIDIA container runtime and its RuntimeClass
+// nvidia (step 1; here the runtime's devices and NVML come from the
+// simulated GPU's CDI spec), and the node labelled as a GPU node (step 3).
+// All of it is undone at the end of the test.
+func prepareGPUNode(t *testing.T) {
+	t.Helper()
+	writeSimCDISpec(t)
+	runtimeClass(t, nvidiaRuntimeClass, world.node.NVIDIARuntimeHandler)
+	labelNode(t, "nvidia.com/gpu.present", "true")
+	t.Cleanup(func() { labelNode(t, "nvidia.com/gpu.present", "") })
+}
+
+// apiServerEnv points the in-cluster clients of pods at the API server's
+// address: this node has no pod network and no Service proxy, so its pods
+// run with host networking and reach the API server as any node without a
+// working proxy to the kubernetes Service would.
+func apiServerEnv(n *realnode.Node) []corev1.EnvVar {
+	api, _ := url.Parse(n.Config.Host)
+	return []corev1.EnvVar{{Name: "KUBERNETES_SERVICE_HOST", Value: api.Hostname()}, {Name: "KUBERNETES_SERVICE_PORT", Value: api.Port()}}
+}
+
+// checkInstalled waits until the release's exporter, plugin and tuner each
+// have a running, ready pod and checks how they run: from the image built
+// here, as the release's ServiceAccounts, and the exporter and plugin under
+// RuntimeClass nvidia, that is, in a sandbox containerd started with the
+// nvidia handler, whose runtime (NVIDIA's, in CDI mode) put libnvidia-ml.so.1
+// into the container: neither the pod spec nor the spec containerd handed
+// to the runtime mounts it, and the running container has it.
+func checkInstalled(t *testing.T, image string) map[string]*corev1.Pod {
+	t.Helper()
+	n := world.node
+	var pods map[string]*corev1.Pod
+	testproc.Eventually(t, 3*time.Minute, time.Second, func() string {
+		pods = installedPods(t)
+		for _, comp := range []string{"exporter", "plugin", "tuner"} {
+			p, ok := pods[comp]
+			if !ok {
+				return fmt.Sprintf("no running %s pod (have %v)", comp, slices.Sorted(maps.Keys(pods)))
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue {
+					return fmt.Sprintf("%s pod %s not ready: %s", comp, p.Name, podWhy(p))
+				}
+			}
+		}
+		return ""
+	})
+	for comp, p := range pods {
+		if sa := "gpuslice-" + comp; p.Spec.ServiceAccountName != sa {
+			t.Errorf("%s runs as ServiceAccount %q, want the release's %s", comp, p.Spec.ServiceAccountName, sa)
+		}
+		if c := p.Spec.Containers[0]; c.Image != image {
+			t.Errorf("%s runs image %s, want the one built here, %s", comp, c.Image, image)
+		}
+		if comp == "tuner" {
+			continue
+		}
+		if rc := p.Spec.RuntimeClassName; rc == nil || *rc != nvidiaRuntimeClass {
+			t.Errorf("%s pod has runtimeClassName %v, want %s", comp, rc, nvidiaRuntimeClass)
+			continue
+		}
+		if h := sandboxHandler(t, n.ContainerdSock, p); h != n.NVIDIARuntimeHandler {
+			t.Errorf("%s pod's sandbox runs with runtime handler %q, want %q", comp, h, n.NVIDIARuntimeHandler)
+		}
+		for _, c := range p.Spec.Containers {
+			for _, m := range c.VolumeMounts {
+				if m.MountPath == nvmlContainerPath {
+					t.Errorf("%s pod mounts %s itself: the runtime is to put it there", comp, nvmlContainerPath)
+				}
+			}
+		}
+		spec, pid := criContainer(t, n.ContainerdSock, p.Status.ContainerStatuses[0].ContainerID)
+		for _, m := range spec.Mounts {
+			if m.Destination == nvmlContainerPath {
+				t.Errorf("containerd's spec for the %s container already mounts %s", comp, nvmlContainerPath)
+			}
+		}
+		mounts, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+		if err != nil {
+			t.Fatalf("%s container (pid %d): %v", comp, pid, err)
+		}
+		if !strings.Contains(string(mounts), " "+nvmlContainerPath+" ") {
+			t.Errorf("the %s container (pid %d) has no %s mounted: NVIDIA's runtime did not inject it\n%s", comp, pid, nvmlContainerPath, mounts)
+		}
+	}
+	return pods
+}
+
+// metricReader reads one series (name, with labels among its labels) of
+// the installed programs' metrics: through Prometheus or a direct scrape.
+type metricReader func(name string, labels map[string]string) (float64, string)
+
+// runAttributed starts a fake-CUDA pod holding 20 GiB of the GPU on one
+// replica and waits until the installed exporter reports both, as read
+// gives them: it sees the GPU through NVML, maps the pod's host PID to the
+// pod (memory), and reads the kubelet's PodResources (the replica it holds).
+func runAttributed(t *testing.T, name string, read metricReader) {
+	t.Helper()
+	createPod(t, fakeCUDAPod(name, podOpts{args: []string{"-memory", "0s=20Gi", "-quiet"}}))
+	waitRunning(t, name, 60*time.Second)
+	container := map[string]string{"namespace": namespace, "pod": name, "container": "cuda", "uuid": gpuUUID, "node": world.node.Name}
+	held := maps.Clone(container)
+	held["resource"] = string(gpuRes)
+	testproc.Eventually(t, 60*time.Second, 500*time.Millisecond, func() string {
+		for _, c := range []struct {
+			metric string
+			labels map[string]string
+			want   float64
+		}{
+			{"gpuslice_container_gpu_memory_used_bytes", container, float64(20 * gib)},
+			{"gpuslice_container_gpu_allocation", held, 1},
+		} {
+			if v, msg := read(c.metric, c.labels); msg != "" || v != c.want {
+				return fmt.Sprintf("%s%v as the installed exporter reports it: %v %s, want %v", c.metric, c.labels, v, msg, c.want)
+			}
+		}
+		return ""
+	})
+}
+
+// noForbidden fails the test when an installed program logged that the API
+// server refused it something: the RBAC the install ships is short.
+func noForbidden(t *testing.T, pods map[string]*corev1.Pod) {
+	t.Helper()
+	for comp, p := range pods {
+		for _, line := range strings.Split(containerLog(t, p, p.Spec.Containers[0].Name), "\n") {
+			if strings.Contains(line, "forbidden") {
+				t.Errorf("%s was refused by the API server: %s", comp, line)
+			}
+		}
+	}
+}
+
+// removeInstallNamespace deletes the install's namespace (what helm
+// uninstall and `kubectl delete -f` leave: the namespace, the tuner's Lease,
+// Events) and waits until it is gone, so the next install starts from none.
+func removeInstallNamespace(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	nss := world.node.Client.CoreV1().Namespaces()
+	if err := nss.Delete(ctx, installNS, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting namespace %s: %v", installNS, err)
+		return
+	}
+	testproc.Eventually(t, 2*time.Minute, 500*time.Millisecond, func() string {
+		if _, err := nss.Get(ctx, installNS, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Sprintf("namespace %s not gone yet (%v)", installNS, err)
+		}
+		return ""
+	})
+}
+
 func labelNode(t *testing.T, key, value string) {
 	t.Helper()
 	v := "null"
@@ -337,6 +515,7 @@ func waitRolled(t *testing.T, comp string) {
 }
 
 func logInstalledPods(t *testing.T) {
+	t.Logf("--- NVIDIA container runtime log (last 20 lines) ---\n%s", testproc.Tail(readLog(filepath.Join(world.node.LogsDir, "nvidia-container-runtime.log")), 20))
 	list, err := world.node.Client.CoreV1().Pods(installNS).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		return
@@ -348,4 +527,12 @@ func logInstalledPods(t *testing.T) {
 			t.Logf("--- %s/%s (last 30 lines) ---\n%s", p.Name, c.Name, testproc.Tail(containerLog(t, p, c.Name), 30))
 		}
 	}
+}
+
+func readLog(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -34,13 +36,14 @@ func startPrometheus(t *testing.T, exporter, node string) *prometheus {
     static_configs:
       - targets: [%q]
         labels: {node: %q}
-`, exporter, node), fmt.Sprintf(`up{job="gpuslice-exporter",node=%q}`, node))
+`, exporter, node), fmt.Sprintf(`up{job="gpuslice-exporter",node=%q}`, node), "")
 }
 
 // runPrometheus runs Prometheus with the shipped rules, a 1 s scrape and
-// evaluation interval and scrapeConfigs (YAML list items), and waits until
-// upQuery is 1.
-func runPrometheus(t *testing.T, scrapeConfigs, upQuery string) *prometheus {
+// evaluation interval and scrapeConfigs (YAML list items), sending its
+// alerts to the Alertmanager at alertmanager (host:port; "": none), and
+// waits until upQuery is 1.
+func runPrometheus(t *testing.T, scrapeConfigs, upQuery, alertmanager string) *prometheus {
 	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -49,12 +52,21 @@ func runPrometheus(t *testing.T, scrapeConfigs, upQuery string) *prometheus {
 	dir := t.TempDir()
 	rules := filepath.Join(realnode.Repo(), "alerts", "gpuslice-rules.yaml")
 	cfg := filepath.Join(dir, "prometheus.yml")
+	alerting := ""
+	if alertmanager != "" {
+		alerting = fmt.Sprintf(`
+alerting:
+  alertmanagers:
+    - static_configs:
+        - targets: [%q]
+`, alertmanager)
+	}
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`global:
   scrape_interval: 1s
   scrape_timeout: 1s
   evaluation_interval: 1s
 rule_files: [%q]
-scrape_configs:%s`, rules, scrapeConfigs)), 0o644); err != nil {
+scrape_configs:%s%s`, rules, scrapeConfigs, alerting)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	addr := testproc.FreeAddr(t)
@@ -103,6 +115,15 @@ func (p *prometheus) query(q string) (float64, string) {
 		return 0, fmt.Sprintf("%s: value %q", q, s)
 	}
 	return v, ""
+}
+
+// series reads a series as a metricReader.
+func (p *prometheus) series(name string, labels map[string]string) (float64, string) {
+	var m []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		m = append(m, fmt.Sprintf("%s=%q", k, labels[k]))
+	}
+	return p.query(name + "{" + strings.Join(m, ",") + "}")
 }
 
 type alert struct {

@@ -65,8 +65,11 @@ done
 for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
   [[ -d "$h/kubepods" ]] && find "$h/kubepods" -depth -type d -exec rmdir {} + 2>/dev/null
 done
-# The kubelet's fixed device-plugin directory.
+# The kubelet's fixed device-plugin directory, and the link to its
+# PodResources socket's directory that the plain-manifest test makes (the
+# manifests mount /var/lib/kubelet/pod-resources).
 rm -f /var/lib/kubelet/device-plugins/kubelet.sock /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint
+[[ -L /var/lib/kubelet/pod-resources ]] && rm -f /var/lib/kubelet/pod-resources
 rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null
 # Empty directories containerd's shims and CRI leave in /run (unless a system
 # containerd is using them).
