@@ -74,7 +74,7 @@ type Exporter struct {
 	ooms   *oomCounter
 	idle   *idleTracker
 	energy *energyMeter
-	series *seriesCache
+	series *seriesSet
 	// index is every UUID → gpu label seen so far. A scrape whose GPU
 	// reading fails still labels allocation and OOM series with the GPU's
 	// index: relabelling them gpu="" would start new series, and a counter
@@ -134,7 +134,7 @@ func New(cfg Config) *Exporter {
 		ooms:   newOOMCounter(),
 		idle:   newIdleTracker(),
 		energy: newEnergyMeter(),
-		series: newSeriesCache(),
+		series: newSeriesSet(),
 		index:  map[string]string{},
 		health: &health{max: cfg.MaxGPUFailures},
 
@@ -173,9 +173,16 @@ func (e *Exporter) Describe(chan<- *prometheus.Desc) {}
 func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.collect()
+	e.series.send(ch)
+}
+
+// collect reads the node into e.series. The caller holds e.mu.
+func (e *Exporter) collect() {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	sc := &scrape{ctx: ctx, em: emitter{ch: ch, series: e.series}, index: e.index, failed: map[string]bool{}}
+	e.series.begin()
+	sc := &scrape{ctx: ctx, em: emitter{set: e.series}, index: e.index, failed: map[string]bool{}}
 	sc.in.Pods = e.cfg.Pods
 	sc.in.MIGParents = e.migParent
 	for _, s := range e.inputs {
@@ -189,7 +196,7 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range e.outputs {
 		e.execute(sc, s)
 	}
-	e.series.endScrape()
+	e.series.finish()
 }
 
 func (e *Exporter) execute(sc *scrape, s source) {
