@@ -127,13 +127,21 @@ func New(cfg Config) *Exporter {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	// One forget period for every series of a container that is gone: the
+	// OOM tracker's (its detector's Config.ForgetAfter).
+	forgetAfter := oom.DefaultForgetAfter
+	var ooms *oomCounter
+	if cfg.OOM != nil {
+		ooms = &oomCounter{t: oom.NewTracker(cfg.OOM)}
+		forgetAfter = ooms.t.ForgetAfter()
+	}
 	e := &Exporter{
 		cfg:    cfg,
 		log:    cfg.Logger,
 		proc:   newProcReader(cfg.Procfs, cfg.Logger),
-		ooms:   newOOMCounter(),
+		ooms:   ooms,
 		idle:   newIdleTracker(),
-		energy: newEnergyMeter(),
+		energy: newEnergyMeter(forgetAfter),
 		series: newSeriesSet(),
 		index:  map[string]string{},
 		health: &health{max: cfg.MaxGPUFailures},
@@ -279,7 +287,7 @@ func (e *Exporter) collectProcfs(sc *scrape) bool {
 
 // collectOOM scans the joined containers for GPU OOM events.
 func (e *Exporter) collectOOM(sc *scrape) bool {
-	err := e.ooms.scan(e.cfg.OOM, sc.res, e.cfg.Pods, e.cfg.Now())
+	err := e.ooms.scan(sc.res, e.cfg.Pods, e.cfg.Now())
 	if err != nil {
 		e.log.Warn("scanning for GPU OOM events", "err", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"slices"
 )
 
-// What is kept of forgotten containers (see "Forgotten containers" in the
+// What is kept of forgotten containers (see "Forgetting" in the
 // package comment).
 const (
 	// maxForgottenFiles and maxForgottenInstances bound the graves: past

@@ -30,20 +30,27 @@
 // from their end, and terminations that finished before NewDetector are
 // ignored, so restarting the exporter does not fire alerts again.
 //
-// Forgotten containers: the exporter names a container only while it holds
-// or uses a GPU (and a while after), so a pod that uses one without
-// requesting it drops out of Scan's arguments when it goes idle, and its
-// state is forgotten Config.ForgetAfter later. What is needed to not count
-// anything twice when it is named again is kept in a grave: for each of its
-// log files the device and inode, the offset read to and the line it was in
-// the middle of (its first 512 bytes, so a longer one is matched on its
-// start), and the de-duplication state of its instances already counted.
-// When it is named again, a file with the same inode is read on from that
-// offset (from 0 if the file is now shorter: truncated); a file with another
-// inode is a rotation, handled as between two Scans; an instance counted
-// before is not counted again by either source, and the collapse rule holds
-// across the gap. A container whose log directory is gone when it is
-// forgotten (its pod was deleted) keeps no files.
+// Forgetting: one period, Config.ForgetAfter (DefaultForgetAfter, 6 h),
+// governs everything kept about a container. The Detector forgets the
+// state of a container that no Scan has named for that long; the Tracker,
+// which the exporter uses, watches a container until it has not been seen
+// live for that long, then stops naming it and has its state forgotten at
+// once, and drops its counters once they, too, have been still that long.
+// The period is far longer than any alert's look-back, so a counter that
+// grew is on view long after, and long enough that a container watched
+// again is usually still known.
+//
+// What is needed to not count anything twice when a forgotten container is
+// named again is kept in a grave: for each of its log files the device and
+// inode, the offset read to and the line it was in the middle of (its
+// first 512 bytes, so a longer one is matched on its start), and the
+// de-duplication state of its instances already counted. When it is named
+// again, a file with the same inode is read on from that offset (from 0 if
+// the file is now shorter: truncated); a file with another inode is a
+// rotation, handled as between two Scans; an instance counted before is
+// not counted again by either source, and the collapse rule holds across
+// the gap. A container whose log directory is gone when it is forgotten
+// (its pod was deleted) keeps no files.
 //
 // Graves are bounded: at most 10,000 files and 10,000 instances (under 1 KiB
 // a file: about 8 MiB when full, under 30 MiB if every file was in the middle
@@ -113,7 +120,7 @@ type Termination struct {
 const (
 	DefaultMaxReadBytes   = 1 << 20
 	DefaultCollapseWindow = 5 * time.Second
-	DefaultForgetAfter    = 10 * time.Minute
+	DefaultForgetAfter    = 6 * time.Hour
 )
 
 // Config configures a Detector.
@@ -132,11 +139,13 @@ type Config struct {
 	// container instance are one event (see the package comment). Zero means
 	// DefaultCollapseWindow.
 	CollapseWindow time.Duration
-	// ForgetAfter is how long the whole state of a container that no Scan
-	// has named (in containers or terms) is kept. After that only what
-	// "Forgotten containers" in the package comment describes is kept, so
-	// that a container named again does not count its old events again.
-	// Zero means DefaultForgetAfter.
+	// ForgetAfter is the one forget period ("Forgetting" in the package
+	// comment): how long the whole state of a container that no Scan has
+	// named (in containers or terms) is kept, and for a Tracker how long a
+	// container is watched after it was last seen live and its counters
+	// after they last moved. After that only its grave is kept, so that a
+	// container named again does not count its old events again. Zero
+	// means DefaultForgetAfter.
 	ForgetAfter time.Duration
 	// Logger receives the problems that Scan skips over; nil discards them.
 	Logger *slog.Logger
