@@ -43,6 +43,7 @@ func bigExporter(b testing.TB, s simnode.Scale) *Exporter {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { det.Close() })
 	list := n.PodObjects()
 	ptrs := make([]*corev1.Pod, len(list))
 	for i := range list {

@@ -141,6 +141,7 @@ func TestForgottenTerminations(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				t.Cleanup(func() { d.Close() })
 				wantEvents(t, w.scan(d, nil, term), termEv)
 				w.forget(d, []Container{trainer})
 				wantEvents(t, w.scan(d, []Container{trainer}, term))

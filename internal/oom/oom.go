@@ -178,7 +178,22 @@ type Detector struct {
 	// survive until they are named again.
 	graves *graveyard
 	buf    []byte // read buffer, reused across files and Scans
+
+	// watcher says which container directories changed (dirWatcher); nil
+	// before the first Scan that reads logs, after Close, and where inotify
+	// is not to be had (noWatcher).
+	watcher   *dirWatcher
+	noWatcher bool
+	// rootOK: PodLogsDir passed its last check.
+	rootOK bool
+	// fullPass is when every container is read again, watched or not.
+	fullPass time.Time
 }
+
+// fullPassInterval is how often every watched container is read whatever
+// inotify said, and PodLogsDir checked again: a bound on what an event
+// inotify did not give (a file system without them) could delay.
+const fullPassInterval = time.Minute
 
 // NewDetector checks cfg and returns a Detector whose start time, before
 // which terminations are not counted, is now.
@@ -258,8 +273,15 @@ func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, e
 	var err error
 	readLogs := d.root != ""
 	if readLogs {
-		err = d.checkRoot()
-		readLogs = err == nil
+		d.watchEvents(now)
+		if d.watcher == nil || !d.rootOK || !d.watcher.rootKnown() {
+			err = d.checkRoot()
+			d.rootOK = err == nil
+			if d.rootOK && d.watcher != nil {
+				d.watcher.rootChecked(d.root)
+			}
+		}
+		readLogs = d.rootOK
 	}
 	if readLogs && !d.started {
 		d.takeBaseline()
@@ -269,7 +291,7 @@ func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, e
 		// Named containers are remembered even while their logs cannot be
 		// read, or they would be read again from the start afterwards.
 		cs := d.state(c, now)
-		if readLogs {
+		if readLogs && (cs.wd == 0 || cs.dirty) {
 			events = d.scanContainer(cs, now, events)
 		}
 	}
@@ -285,6 +307,34 @@ func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, e
 		}
 	}
 	return events, err
+}
+
+// watchEvents takes in what changed since the last Scan, starting the
+// watcher at the first call, and marks every container to be read when
+// events were lost or a full pass is due.
+func (d *Detector) watchEvents(now time.Time) {
+	if d.watcher == nil && !d.noWatcher {
+		d.watcher = newDirWatcher(d.root)
+		d.noWatcher = d.watcher == nil
+	}
+	lost := d.watcher == nil || d.watcher.drain()
+	if lost || !now.Before(d.fullPass) {
+		d.fullPass = now.Add(fullPassInterval)
+		d.rootOK = false
+		for _, cs := range d.containers {
+			cs.dirty = true
+		}
+	}
+}
+
+// Close releases the inotify instance. A Scan after it starts a new one.
+func (d *Detector) Close() error {
+	if d.watcher != nil {
+		d.watcher.close()
+		d.watcher = nil
+	}
+	d.noWatcher = false
+	return nil
 }
 
 func (d *Detector) checkRoot() error {
@@ -315,6 +365,12 @@ type containerState struct {
 	instances   map[int]*instanceState
 	maxInstance int
 	lastErr     string // the last problem logged, so a lasting one is logged once
+	// wd is the inotify watch of its log directory (0: none, read at every
+	// Scan); dirty, that it changed, or may hold more to read, since its
+	// last reading.
+	wd    int32
+	dirty bool
+	reads int // Scans that read its directory (tests)
 }
 
 type instanceState struct {
@@ -359,6 +415,7 @@ func (cs *containerState) instance(n int) *instanceState {
 // logf logs a problem with a container's files unless it is the same as the
 // last one logged for that container.
 func (d *Detector) logf(cs *containerState, msg string, args ...any) {
+	cs.dirty = true // a problem: try again at the next Scan
 	key := fmt.Sprint(append([]any{msg}, args...)...)
 	if key == cs.lastErr {
 		return
