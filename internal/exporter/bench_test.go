@@ -54,6 +54,9 @@ func bigExporter(b testing.TB, s simnode.Scale) *Exporter {
 	return e
 }
 
+// BenchmarkCollect is the exporter as a prometheus.Collector, the path
+// of registries (tests) and of protobuf scrapes, which builds each
+// series' label pairs afresh; BenchmarkScrape is the path of text scrapes.
 func BenchmarkCollect(b *testing.B) {
 	e := bigExporter(b, simnode.Scale{})
 	ch := make(chan prometheus.Metric, 4096)
