@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,12 +66,25 @@ type handler struct {
 	others  prometheus.Gatherer
 	log     *slog.Logger
 	generic http.Handler
-	// bodies keeps one response buffer between scrapes: a scrape of the
-	// big node is 400 KiB, which would otherwise be grown anew each time.
+	// bodies keeps one response buffer, and gzip writer, between scrapes:
+	// a scrape of the big node is 430 KiB, which would otherwise be grown
+	// anew each time, and a gzip writer holds 900 KiB whatever its level,
+	// which a sync.Pool (promhttp's) lets go at every garbage collection,
+	// to be allocated again at the next scrape.
 	bodies chan *body
 }
 
-var gzipWriters = sync.Pool{New: func() any { return gzip.NewWriter(nil) }}
+// newGzip returns a writer at gzip's best speed, where promhttp takes the
+// default level: on the big node's 430 KiB exposition the default level
+// took twice the CPU time (3.8 ms against 1.7 ms here) for 18 KiB instead
+// of 22.
+func newGzip() *gzip.Writer {
+	zw, err := gzip.NewWriterLevel(nil, gzip.BestSpeed)
+	if err != nil {
+		panic(err) // a valid level
+	}
+	return zw
+}
 
 // plan is how a request is answered.
 type plan struct {
@@ -116,13 +128,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", string(p.format))
 	if p.gzip {
 		w.Header().Set("Content-Encoding", "gzip")
-		zw := gzipWriters.Get().(*gzip.Writer)
-		zw.Reset(w)
-		_, err := zw.Write(b.b)
-		if cerr := zw.Close(); err == nil {
+		if b.zw == nil {
+			b.zw = newGzip()
+		}
+		b.zw.Reset(w)
+		_, err := b.zw.Write(b.b)
+		if cerr := b.zw.Close(); err == nil {
 			err = cerr
 		}
-		gzipWriters.Put(zw)
+		b.zw.Reset(nil) // let go of the response
 		h.writeFailed(err)
 	} else {
 		w.Header().Set("Content-Length", strconv.Itoa(len(b.b)))
@@ -180,8 +194,12 @@ func (h *handler) render(b *body, format expfmt.Format, om bool) {
 
 // body is a response being rendered, written to by appends and by
 // expfmt's encoders, for which it has the methods of a bufio.Writer that
-// they use directly.
-type body struct{ b []byte }
+// they use directly; and the gzip writer that compresses it, if one was
+// needed.
+type body struct {
+	b  []byte
+	zw *gzip.Writer
+}
 
 func (b *body) Write(p []byte) (int, error) {
 	b.b = append(b.b, p...)
