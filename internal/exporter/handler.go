@@ -76,8 +76,8 @@ type handler struct {
 
 // newGzip returns a writer at gzip's best speed, where promhttp takes the
 // default level: on the big node's 430 KiB exposition the default level
-// took twice the CPU time (3.8 ms against 1.7 ms here) for 18 KiB instead
-// of 22.
+// took 2.4 times the CPU (1.3 ms against 0.55 ms, one core, same run) for
+// 18 KiB instead of 22.
 func newGzip() *gzip.Writer {
 	zw, err := gzip.NewWriterLevel(nil, gzip.BestSpeed)
 	if err != nil {
