@@ -58,11 +58,14 @@ bench: test-bins ## Go benchmarks (ns/op, B/op, allocs/op)
 
 NODE_EXPORTER ?= /usr/bin/prometheus-node-exporter
 SCRAPES ?= 1000
+# e.g. SCRAPE_FLAGS=-as-prometheus (OpenMetrics and gzip, as Prometheus
+# asks), -procs 4, -replicas 4.
+SCRAPE_FLAGS ?=
 
 bench-scrape: build ## gpuslice-exporter's CPU and memory per scrape next to node_exporter's, in one run
 	@command -v $(NODE_EXPORTER) >/dev/null || { apt-get update -qq && apt-get install -y -qq prometheus-node-exporter >/dev/null; } || \
 		{ echo "bench-scrape: $(NODE_EXPORTER) is missing and apt-get could not install prometheus-node-exporter"; exit 1; }
-	$(GO) run ./test/bench/scrapecost -exporter $(BIN)/gpuslice-exporter -node-exporter $(NODE_EXPORTER) -scrapes $(SCRAPES)
+	$(GO) run ./test/bench/scrapecost -exporter $(BIN)/gpuslice-exporter -node-exporter $(NODE_EXPORTER) -scrapes $(SCRAPES) $(SCRAPE_FLAGS)
 
 lint: fmt vet ## gofmt and go vet
 

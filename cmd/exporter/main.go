@@ -159,8 +159,10 @@ func run(ctx context.Context, args []string) error {
 
 	exp := exporter.New(cfg)
 	go exp.RunOOMWatch(ctx, o.oomInterval)
+	// The registry holds the Go runtime's and the process's metrics; the
+	// exporter's handler serves them beside its own series.
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(exp, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	log.Info("gpuslice-exporter listening", "address", o.listen, "path", o.metricsPath, "backend", o.backend, "pods", o.podsSource)
 	return serve.Run(ctx, serve.Options{
 		Name:          "gpuslice-exporter",
@@ -169,6 +171,7 @@ func run(ctx context.Context, args []string) error {
 		MetricsPath:   o.metricsPath,
 		WebConfigFile: o.webConfig,
 		Registry:      reg,
+		Metrics:       exp.Handler(reg, log),
 		Logger:        log,
 		Extra:         map[string]http.Handler{"/healthz": exp.Healthz()},
 	})

@@ -159,10 +159,17 @@ func Join(in Input) Result {
 	// the fallback for processes whose container ID the pod status does not
 	// show yet (a container that started after the last status update).
 	ids := newDeviceIDs(in)
-	holdings := map[holdingKey]*Holding{}
+	allocated := 0
+	for _, a := range in.Allocations {
+		allocated += len(a.DeviceIDs)
+	}
+	// The values live in one array each, sized for the most there can be,
+	// rather than one allocation each: this runs at every scrape.
+	holdingValues := make([]Holding, 0, allocated)
+	holdings := make(map[holdingKey]*Holding, len(in.Allocations))
 	migHoldings := map[usageKey]*MIGHolding{} // keyed by MIG UUID
 	holdersOf := map[podGPU][]Container{}     // (namespace/pod, uuid) → holders
-	seenID := map[string]bool{}
+	seenID := make(map[resourceID]bool, allocated)
 	for _, a := range in.Allocations {
 		for _, raw := range a.DeviceIDs {
 			uuid, mig, ok := ids.gpuOf(raw)
@@ -173,7 +180,8 @@ func Join(in Input) Result {
 			k := holdingKey{uuid: uuid, resource: a.Resource, c: c}
 			h := holdings[k]
 			if h == nil {
-				h = &Holding{Container: c, UUID: uuid, Resource: a.Resource}
+				holdingValues = append(holdingValues, Holding{Container: c, UUID: uuid, Resource: a.Resource})
+				h = &holdingValues[len(holdingValues)-1]
 				holdings[k] = h
 				pk := podGPU{ns: a.Namespace, pod: a.Pod, uuid: uuid}
 				if !slices.Contains(holdersOf[pk], c) {
@@ -193,7 +201,7 @@ func Join(in Input) Result {
 			rk := ResourceGPU{UUID: uuid, Resource: a.Resource}
 			// The kubelet never gives one ID to two containers, but count
 			// distinct IDs anyway so a kubelet bug cannot inflate the gauge.
-			if key := a.Resource + "\x00" + raw; !seenID[key] {
+			if key := (resourceID{a.Resource, raw}); !seenID[key] {
 				seenID[key] = true
 				res.Allocated[rk]++
 			}
@@ -218,6 +226,7 @@ func Join(in Input) Result {
 	for _, d := range in.Devices {
 		procs += len(d.Processes)
 	}
+	usageValues := make([]Usage, 0, procs)
 	usage := make(map[usageKey]*Usage, procs)
 	migUsage := map[usageKey]*MIGUsage{} // keyed by MIG UUID
 	for _, d := range in.Devices {
@@ -233,7 +242,8 @@ func Join(in Input) Result {
 			k := usageKey{uuid: d.UUID, c: c}
 			u := usage[k]
 			if u == nil {
-				u = &Usage{Container: c, GPUIndex: d.Index, UUID: d.UUID}
+				usageValues = append(usageValues, Usage{Container: c, GPUIndex: d.Index, UUID: d.UUID})
+				u = &usageValues[len(usageValues)-1]
 				usage[k] = u
 			}
 			u.MemoryBytes += p.UsedMemoryBytes
@@ -339,6 +349,9 @@ func sorted[K comparable, V any](m map[K]*V, cmp func(a, b *V) int) []V {
 }
 
 type podGPU struct{ ns, pod, uuid string }
+
+// resourceID is one device ID of one resource.
+type resourceID struct{ resource, id string }
 
 // resolve finds the container of a process on GPU uuid.
 func resolve(in Input, pid int, uuid string, holdersOf map[podGPU][]Container) (Container, bool) {

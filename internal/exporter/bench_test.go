@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpuslice/gpuslice/internal/gpu/sim"
@@ -21,7 +20,7 @@ import (
 
 // bigExporter is an Exporter on the big simulated node multiplied by s,
 // with every source on.
-func bigExporter(b *testing.B, s simnode.Scale) *Exporter {
+func bigExporter(b testing.TB, s simnode.Scale) *Exporter {
 	b.Helper()
 	n, err := simnode.BigScaled(b.TempDir(), s)
 	if err != nil {
@@ -44,6 +43,7 @@ func bigExporter(b *testing.B, s simnode.Scale) *Exporter {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { det.Close() })
 	list := n.PodObjects()
 	ptrs := make([]*corev1.Pod, len(list))
 	for i := range list {
@@ -54,6 +54,9 @@ func bigExporter(b *testing.B, s simnode.Scale) *Exporter {
 	return e
 }
 
+// BenchmarkCollect is the exporter as a prometheus.Collector, the path
+// of registries (tests) and of protobuf scrapes, which builds each
+// series' label pairs afresh; BenchmarkScrape is the path of text scrapes.
 func BenchmarkCollect(b *testing.B) {
 	e := bigExporter(b, simnode.Scale{})
 	ch := make(chan prometheus.Metric, 4096)
@@ -61,7 +64,7 @@ func BenchmarkCollect(b *testing.B) {
 		go func() { e.Collect(ch); close(ch) }()
 		containers := 0
 		for m := range ch {
-			if m.Desc() == containerMem {
+			if m.Desc() == containerMem.desc {
 				containers++
 			}
 		}
@@ -79,16 +82,14 @@ func BenchmarkCollect(b *testing.B) {
 	}
 }
 
-// BenchmarkScrape is a whole scrape as Prometheus makes it (collect,
-// gather, text encoding) on the big node multiplied by processes (with
+// BenchmarkScrape is a whole scrape as the exporter serves it (collect,
+// text encoding) on the big node multiplied by processes (with
 // their pods) and by replicas per GPU. The cost should grow with the
 // processes and stay flat with the replicas; ns/process shows the first.
 func BenchmarkScrape(b *testing.B) {
 	for _, s := range []simnode.Scale{{Processes: 1, Replicas: 1}, {Processes: 2, Replicas: 1}, {Processes: 4, Replicas: 1}, {Processes: 1, Replicas: 2}, {Processes: 1, Replicas: 4}} {
 		b.Run(fmt.Sprintf("procs=%dx/replicas=%dx", s.Processes, s.Replicas), func(b *testing.B) {
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(bigExporter(b, s))
-			h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError})
+			h := bigExporter(b, s).Handler(prometheus.NewRegistry(), nil)
 			scrape := func() *httptest.ResponseRecorder {
 				w := httptest.NewRecorder()
 				h.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))

@@ -34,14 +34,18 @@ type energyCount struct {
 // to its estimated total. NVML's total energy counter would measure the
 // GPU's part more exactly, but the split by SM share would remain an
 // estimate either way: time-slicing gives no per-process power.
+//
+// A container's counter is dropped once it has had no process on the GPU
+// for forgetAfter, the exporter's one forget period (oom.Tracker).
 type energyMeter struct {
+	forgetAfter  time.Duration
 	last         map[string]powerReading // by UUID
 	containers   map[holderKey]*energyCount
 	unattributed map[string]float64 // by UUID
 }
 
-func newEnergyMeter() *energyMeter {
-	return &energyMeter{last: map[string]powerReading{}, containers: map[holderKey]*energyCount{}, unattributed: map[string]float64{}}
+func newEnergyMeter(forgetAfter time.Duration) *energyMeter {
+	return &energyMeter{forgetAfter: forgetAfter, last: map[string]powerReading{}, containers: map[holderKey]*energyCount{}, unattributed: map[string]float64{}}
 }
 
 // update integrates the readings of devices (the GPUs read in this scrape)
@@ -111,7 +115,7 @@ func (m *energyMeter) update(devices []gpu.Device, res attribution.Result, now t
 		}
 	}
 	for k, c := range m.containers {
-		if now.Sub(c.lastSeen) > forgetCounterAfter {
+		if now.Sub(c.lastSeen) > m.forgetAfter {
 			delete(m.containers, k)
 		}
 	}

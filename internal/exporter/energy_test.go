@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuslice/gpuslice/internal/attribution"
 	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/internal/oom"
 )
 
 // TestEnergyMeter walks one meter through readings of two GPUs and checks
@@ -86,7 +87,7 @@ func TestEnergyMeter(t *testing.T) {
 			unattributed: map[string]float64{"GPU-a": 500, "GPU-b": 2000},
 		},
 	}, {
-		name:    "counters of containers gone for 6 hours are dropped",
+		name:    "counters of containers gone for the forget period (6 hours) are dropped",
 		at:      40*time.Second + 6*time.Minute + 7*time.Hour,
 		devices: []gpu.Device{dev("GPU-b", 50)},
 		want: want{
@@ -94,7 +95,7 @@ func TestEnergyMeter(t *testing.T) {
 			unattributed: map[string]float64{"GPU-a": 500, "GPU-b": 2000},
 		},
 	}}
-	m := newEnergyMeter()
+	m := newEnergyMeter(oom.DefaultForgetAfter)
 	for i, s := range steps {
 		m.update(s.devices, attribution.Result{Usage: s.usage}, t0.Add(s.at))
 		got := map[holderKey]float64{}

@@ -74,7 +74,7 @@ type Exporter struct {
 	ooms   *oomCounter
 	idle   *idleTracker
 	energy *energyMeter
-	series *seriesCache
+	series *seriesSet
 	// index is every UUID → gpu label seen so far. A scrape whose GPU
 	// reading fails still labels allocation and OOM series with the GPU's
 	// index: relabelling them gpu="" would start new series, and a counter
@@ -127,14 +127,22 @@ func New(cfg Config) *Exporter {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	// One forget period for every series of a container that is gone: the
+	// OOM tracker's (its detector's Config.ForgetAfter).
+	forgetAfter := oom.DefaultForgetAfter
+	var ooms *oomCounter
+	if cfg.OOM != nil {
+		ooms = &oomCounter{t: oom.NewTracker(cfg.OOM)}
+		forgetAfter = ooms.t.ForgetAfter()
+	}
 	e := &Exporter{
 		cfg:    cfg,
 		log:    cfg.Logger,
 		proc:   newProcReader(cfg.Procfs, cfg.Logger),
-		ooms:   newOOMCounter(),
+		ooms:   ooms,
 		idle:   newIdleTracker(),
-		energy: newEnergyMeter(),
-		series: newSeriesCache(),
+		energy: newEnergyMeter(forgetAfter),
+		series: newSeriesSet(),
 		index:  map[string]string{},
 		health: &health{max: cfg.MaxGPUFailures},
 
@@ -173,9 +181,16 @@ func (e *Exporter) Describe(chan<- *prometheus.Desc) {}
 func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.collect()
+	e.series.send(ch)
+}
+
+// collect reads the node into e.series. The caller holds e.mu.
+func (e *Exporter) collect() {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
 	defer cancel()
-	sc := &scrape{ctx: ctx, em: emitter{ch: ch, series: e.series}, index: e.index, failed: map[string]bool{}}
+	e.series.begin()
+	sc := &scrape{ctx: ctx, em: emitter{set: e.series}, index: e.index, failed: map[string]bool{}}
 	sc.in.Pods = e.cfg.Pods
 	sc.in.MIGParents = e.migParent
 	for _, s := range e.inputs {
@@ -189,7 +204,7 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range e.outputs {
 		e.execute(sc, s)
 	}
-	e.series.endScrape()
+	e.series.finish()
 }
 
 func (e *Exporter) execute(sc *scrape, s source) {
@@ -272,7 +287,7 @@ func (e *Exporter) collectProcfs(sc *scrape) bool {
 
 // collectOOM scans the joined containers for GPU OOM events.
 func (e *Exporter) collectOOM(sc *scrape) bool {
-	err := e.ooms.scan(e.cfg.OOM, sc.res, e.cfg.Pods, e.cfg.Now())
+	err := e.ooms.scan(sc.res, e.cfg.Pods, e.cfg.Now())
 	if err != nil {
 		e.log.Warn("scanning for GPU OOM events", "err", err)
 	}

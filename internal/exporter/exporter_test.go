@@ -63,6 +63,7 @@ func newDemo(t *testing.T) *demo {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { det.Close() })
 	d := &demo{node: n}
 	podList := n.PodObjects()
 	ptrs := make([]*corev1.Pod, len(podList))

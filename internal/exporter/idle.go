@@ -6,6 +6,9 @@ import (
 	"github.com/gpuslice/gpuslice/internal/attribution"
 )
 
+// containerKey names a container by its labels.
+type containerKey struct{ ns, pod, container string }
+
 // holderKey is one container holding replica IDs of one physical GPU.
 type holderKey struct {
 	containerKey

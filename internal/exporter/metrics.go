@@ -1,10 +1,7 @@
 package exporter
 
 import (
-	"cmp"
-	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,77 +16,74 @@ var (
 	containerLabels = []string{"namespace", "pod", "container", "gpu", "uuid"}
 	migLabels       = []string{"gpu", "uuid", "mig_uuid"}
 
-	gpuInfo = prometheus.NewDesc(ns+"_gpu_info",
-		"Information about a GPU; always 1.", []string{"gpu", "uuid", "name", "driver_version"}, nil)
-	gpuMemTotal = prometheus.NewDesc(ns+"_gpu_memory_total_bytes",
-		"Total memory of the GPU.", gpuLabels, nil)
-	gpuMemUsed = prometheus.NewDesc(ns+"_gpu_memory_used_bytes",
-		"Memory in use on the GPU, by any process.", gpuLabels, nil)
-	gpuUtil = prometheus.NewDesc(ns+"_gpu_utilization_ratio",
-		"Share of the last sample period during which a kernel ran on the GPU (0..1).", gpuLabels, nil)
-	gpuTemp = prometheus.NewDesc(ns+"_gpu_temperature_celsius",
-		"GPU core temperature.", gpuLabels, nil)
-	gpuPower = prometheus.NewDesc(ns+"_gpu_power_watts",
-		"GPU power draw.", gpuLabels, nil)
-	gpuXid = prometheus.NewDesc(ns+"_gpu_xid_errors_total",
-		"Xid error events reported by the driver since the exporter started.", []string{"gpu", "uuid", "xid"}, nil)
-	gpuReplicas = prometheus.NewDesc(ns+"_gpu_replicas",
-		"Replica IDs of the GPU that the kubelet can allocate, per resource (1 for an unshared GPU).", []string{"gpu", "uuid", "resource"}, nil)
-	gpuReplicasAllocated = prometheus.NewDesc(ns+"_gpu_replicas_allocated",
-		"Replica IDs of the GPU allocated to containers, per resource.", []string{"gpu", "uuid", "resource"}, nil)
-	containerAlloc = prometheus.NewDesc(ns+"_container_gpu_allocation",
-		"Replica IDs of the GPU that the container holds.", []string{"namespace", "pod", "container", "gpu", "uuid", "resource"}, nil)
-	containerMem = prometheus.NewDesc(ns+"_container_gpu_memory_used_bytes",
-		"GPU memory used by the container's processes on this physical GPU, counted once however many replica IDs it holds.", containerLabels, nil)
-	containerUtil = prometheus.NewDesc(ns+"_container_gpu_utilization_ratio",
-		"Share of the GPU's SMs the container's processes kept busy in the last sample period (0..1).", containerLabels, nil)
-	containerProcs = prometheus.NewDesc(ns+"_container_gpu_processes",
-		"Processes of the container with a context on the GPU.", containerLabels, nil)
-	containerIdle = prometheus.NewDesc(ns+"_container_gpu_idle_seconds",
-		"Time since the container, which holds replica IDs of the GPU, last had a process there that ran a kernel (0 while it does); counted from when this exporter first saw it hold the GPU.", containerLabels, nil)
-	containerEnergy = prometheus.NewDesc(ns+"_container_gpu_energy_joules_total",
-		"Estimated GPU energy of the container: the GPU's energy between two scrapes (mean power × time) apportioned by the container's share of SM utilization over that time. An estimate: time-slicing gives no per-process power.", containerLabels, nil)
-	unattributedEnergy = prometheus.NewDesc(ns+"_unattributed_gpu_energy_joules_total",
-		"Estimated GPU energy not apportioned to any container: idle power, processes outside pods and processes without an SM figure. With the containers' counters it adds up to the GPU's estimated energy.", gpuLabels, nil)
-	unattributedMem = prometheus.NewDesc(ns+"_unattributed_gpu_memory_used_bytes",
-		"GPU memory used by processes that belong to no known pod container (host processes, pods not known yet).", gpuLabels, nil)
-	oomEvents = prometheus.NewDesc(ns+"_gpu_oom_events_total",
+	gpuInfo = gauge(ns+"_gpu_info",
+		"Information about a GPU; always 1.", []string{"gpu", "uuid", "name", "driver_version"})
+	gpuMemTotal = gauge(ns+"_gpu_memory_total_bytes",
+		"Total memory of the GPU.", gpuLabels)
+	gpuMemUsed = gauge(ns+"_gpu_memory_used_bytes",
+		"Memory in use on the GPU, by any process.", gpuLabels)
+	gpuUtil = gauge(ns+"_gpu_utilization_ratio",
+		"Share of the last sample period during which a kernel ran on the GPU (0..1).", gpuLabels)
+	gpuTemp = gauge(ns+"_gpu_temperature_celsius",
+		"GPU core temperature.", gpuLabels)
+	gpuPower = gauge(ns+"_gpu_power_watts",
+		"GPU power draw.", gpuLabels)
+	gpuXid = counter(ns+"_gpu_xid_errors_total",
+		"Xid error events reported by the driver since the exporter started.", []string{"gpu", "uuid", "xid"})
+	gpuReplicas = gauge(ns+"_gpu_replicas",
+		"Replica IDs of the GPU that the kubelet can allocate, per resource (1 for an unshared GPU).", []string{"gpu", "uuid", "resource"})
+	gpuReplicasAllocated = gauge(ns+"_gpu_replicas_allocated",
+		"Replica IDs of the GPU allocated to containers, per resource.", []string{"gpu", "uuid", "resource"})
+	containerAlloc = gauge(ns+"_container_gpu_allocation",
+		"Replica IDs of the GPU that the container holds.", []string{"namespace", "pod", "container", "gpu", "uuid", "resource"})
+	containerMem = gauge(ns+"_container_gpu_memory_used_bytes",
+		"GPU memory used by the container's processes on this physical GPU, counted once however many replica IDs it holds.", containerLabels)
+	containerUtil = gauge(ns+"_container_gpu_utilization_ratio",
+		"Share of the GPU's SMs the container's processes kept busy in the last sample period (0..1).", containerLabels)
+	containerProcs = gauge(ns+"_container_gpu_processes",
+		"Processes of the container with a context on the GPU.", containerLabels)
+	containerIdle = gauge(ns+"_container_gpu_idle_seconds",
+		"Time since the container, which holds replica IDs of the GPU, last had a process there that ran a kernel (0 while it does); counted from when this exporter first saw it hold the GPU.", containerLabels)
+	containerEnergy = counter(ns+"_container_gpu_energy_joules_total",
+		"Estimated GPU energy of the container: the GPU's energy between two scrapes (mean power × time) apportioned by the container's share of SM utilization over that time. An estimate: time-slicing gives no per-process power.", containerLabels)
+	unattributedEnergy = counter(ns+"_unattributed_gpu_energy_joules_total",
+		"Estimated GPU energy not apportioned to any container: idle power, processes outside pods and processes without an SM figure. With the containers' counters it adds up to the GPU's estimated energy.", gpuLabels)
+	unattributedMem = gauge(ns+"_unattributed_gpu_memory_used_bytes",
+		"GPU memory used by processes that belong to no known pod container (host processes, pods not known yet).", gpuLabels)
+	oomEvents = counter(ns+"_gpu_oom_events_total",
 		"GPU out-of-memory failures of a container, from its log or its termination status, each failure counted once.",
-		[]string{"namespace", "pod", "container", "gpu", "uuid", "source"}, nil)
+		[]string{"namespace", "pod", "container", "gpu", "uuid", "source"})
 	// MIG devices (docs/mig.md): each MIG device of a MIG-enabled GPU, its
 	// own memory, and the containers holding and using it. The GPU-level
 	// series above keep counting MIG allocations and memory on the GPU.
-	migInfo = prometheus.NewDesc(ns+"_mig_info",
+	migInfo = gauge(ns+"_mig_info",
 		"Information about a MIG device of a MIG-enabled GPU; always 1.",
-		[]string{"gpu", "uuid", "mig_uuid", "name", "gpu_instance", "compute_instance"}, nil)
-	migMemTotal = prometheus.NewDesc(ns+"_mig_memory_total_bytes",
-		"Memory of the MIG device's GPU instance, its hardware share of the GPU's.", migLabels, nil)
-	migMemUsed = prometheus.NewDesc(ns+"_mig_memory_used_bytes",
-		"Memory in use in the MIG device's GPU instance, by any process.", migLabels, nil)
-	containerMIGAlloc = prometheus.NewDesc(ns+"_container_mig_allocation",
+		[]string{"gpu", "uuid", "mig_uuid", "name", "gpu_instance", "compute_instance"})
+	migMemTotal = gauge(ns+"_mig_memory_total_bytes",
+		"Memory of the MIG device's GPU instance, its hardware share of the GPU's.", migLabels)
+	migMemUsed = gauge(ns+"_mig_memory_used_bytes",
+		"Memory in use in the MIG device's GPU instance, by any process.", migLabels)
+	containerMIGAlloc = gauge(ns+"_container_mig_allocation",
 		"Replica IDs of the MIG device that the container holds (1 for a MIG device that is not time-sliced); the resource is on gpuslice_container_gpu_allocation.",
-		[]string{"namespace", "pod", "container", "gpu", "uuid", "mig_uuid"}, nil)
-	containerMIGMem = prometheus.NewDesc(ns+"_container_mig_memory_used_bytes",
+		[]string{"namespace", "pod", "container", "gpu", "uuid", "mig_uuid"})
+	containerMIGMem = gauge(ns+"_container_mig_memory_used_bytes",
 		"GPU memory used by the container's processes in the MIG device's instance.",
-		[]string{"namespace", "pod", "container", "gpu", "uuid", "mig_uuid"}, nil)
-	collectDuration = prometheus.NewDesc(ns+"_exporter_collect_duration_seconds",
-		"Time the collector took in the last scrape.", []string{"collector"}, nil)
-	collectSuccess = prometheus.NewDesc(ns+"_exporter_collect_success",
-		"1 when the collector read everything in the last scrape, 0 when part or all of it failed.", []string{"collector"}, nil)
+		[]string{"namespace", "pod", "container", "gpu", "uuid", "mig_uuid"})
+	collectDuration = gauge(ns+"_exporter_collect_duration_seconds",
+		"Time the collector took in the last scrape.", []string{"collector"})
+	collectSuccess = gauge(ns+"_exporter_collect_success",
+		"1 when the collector read everything in the last scrape, 0 when part or all of it failed.", []string{"collector"})
 )
 
-// emitter sends one scrape's metrics, their label pairs from the cache.
-type emitter struct {
-	ch     chan<- prometheus.Metric
-	series *seriesCache
+// emitter records one scrape's series in the exporter's series set.
+type emitter struct{ set *seriesSet }
+
+func (e emitter) gauge(f *family, v float64, labels ...string) {
+	e.set.set(f, prometheus.GaugeValue, v, labels...)
 }
 
-func (e emitter) gauge(d *prometheus.Desc, v float64, labels ...string) {
-	e.ch <- e.series.metric(d, prometheus.GaugeValue, v, labels...)
-}
-
-func (e emitter) counter(d *prometheus.Desc, v float64, labels ...string) {
-	e.ch <- e.series.metric(d, prometheus.CounterValue, v, labels...)
+func (e emitter) counter(f *family, v float64, labels ...string) {
+	e.set.set(f, prometheus.CounterValue, v, labels...)
 }
 
 func emitDevices(em emitter, s gpu.Snapshot) {
@@ -167,12 +161,13 @@ func emitAttribution(em emitter, r attribution.Result, index map[string]string) 
 	for _, h := range r.Holdings {
 		em.gauge(containerAlloc, float64(h.IDs), h.Namespace, h.Pod, h.Container.Container, index[h.UUID], h.UUID, h.Resource)
 	}
-	for _, s := range exposition(r.Usage) {
-		u := s.u
-		em.gauge(containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, s.gpu, u.UUID)
-		em.gauge(containerProcs, float64(u.Processes), u.Namespace, u.Pod, u.Container.Container, s.gpu, u.UUID)
+	for i := range r.Usage {
+		u := &r.Usage[i]
+		idx := strconv.Itoa(u.GPUIndex)
+		em.gauge(containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+		em.gauge(containerProcs, float64(u.Processes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
 		if u.HasSM {
-			em.gauge(containerUtil, u.SMUtilization, u.Namespace, u.Pod, u.Container.Container, s.gpu, u.UUID)
+			em.gauge(containerUtil, u.SMUtilization, u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
 		}
 	}
 	for uuid, b := range r.Unattributed {
@@ -184,26 +179,4 @@ func emitAttribution(em emitter, r attribution.Result, index map[string]string) 
 	for _, u := range r.MIGUsage {
 		em.gauge(containerMIGMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, strconv.Itoa(u.GPUIndex), u.UUID, u.MIGUUID)
 	}
-}
-
-type usageSeries struct {
-	u   *attribution.Usage
-	gpu string
-}
-
-// exposition orders usage as the registry orders the container series: by
-// their label values taken in the order of the label names (container,
-// gpu, namespace, pod, uuid). Sent in that order, the registry's sort of
-// each family finds them sorted at once; one sort here replaces a sort of
-// each of the three largest families at every scrape.
-func exposition(usage []attribution.Usage) []usageSeries {
-	out := make([]usageSeries, len(usage))
-	for i := range usage {
-		out[i] = usageSeries{u: &usage[i], gpu: strconv.Itoa(usage[i].GPUIndex)}
-	}
-	slices.SortFunc(out, func(a, b usageSeries) int {
-		return cmp.Or(strings.Compare(a.u.Container.Container, b.u.Container.Container), strings.Compare(a.gpu, b.gpu),
-			strings.Compare(a.u.Namespace, b.u.Namespace), strings.Compare(a.u.Pod, b.u.Pod), strings.Compare(a.u.UUID, b.u.UUID))
-	})
-	return out
 }

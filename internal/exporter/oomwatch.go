@@ -117,7 +117,7 @@ func (e *Exporter) watchOnce(ctx context.Context) {
 			e.ooms.mark(byName, p.Namespace, p.Name, c, fallback, now)
 		}
 	}
-	if err := e.ooms.scanWatched(e.cfg.OOM, byName, now); err != nil {
+	if err := e.ooms.scanWatched(byName, now); err != nil {
 		e.log.Debug("OOM watch: scanning", "err", err)
 	}
 }

@@ -38,6 +38,7 @@ func TestOOMWatchBetweenScrapes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { det.Close() })
 	e := New(Config{GPU: backend, Pods: pods.NewStatic([]*corev1.Pod{pod}), OOM: det})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(e)

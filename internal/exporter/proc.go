@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 
@@ -19,12 +20,20 @@ import (
 // A process's cgroup is set when the runtime starts it, before it can open
 // a GPU, and a container's processes are not moved, so what a PID resolved
 // to holds for as long as the same process has that PID. The reader keeps
-// it keyed by (PID, process start time), and keeps the process's stat file
-// open: a scrape reads the start time again through that descriptor (one
-// system call instead of an open, a read, a close, and a cgroup file's read
-// and parse). A descriptor of /proc/<pid>/stat stays bound to its process:
-// once the process exits, reading it fails with ESRCH, even after the PID
-// is reused, and the PID is then read afresh by path. A tree without stat
+// it with a descriptor that stays bound to the process:
+//
+//   - In this process's own /proc (hostPID), a pidfd: one poll of all of
+//     them tells which processes exited since the last scrape, where
+//     reading each one's /proc/<pid>/stat cost 3.4 µs a process (1.7 ms a
+//     scrape for 512 GPU processes), the poll 50 µs in all.
+//   - Elsewhere, or without pidfd_open, the process's stat file, keyed by
+//     (PID, process start time): a scrape reads the start time again
+//     through that descriptor (one system call instead of an open, a read,
+//     a close, and a cgroup file's read and parse). A descriptor of
+//     /proc/<pid>/stat stays bound to its process: once the process exits,
+//     reading it fails with ESRCH, even after the PID is reused.
+//
+// An exited process's PID is read afresh by path. A tree without stat
 // files (test fixtures) is read in full each time.
 type procReader struct {
 	root string
@@ -43,6 +52,14 @@ type procReader struct {
 	// isProc: root is a real procfs, where a held stat file of an exited
 	// process fails to read; other trees (fixtures) need a link count check.
 	isProc bool
+	// pidfds: root is this process's own procfs, and held processes are
+	// pidfds; noPidfd: pidfd_open failed for good.
+	pidfds, noPidfd bool
+	poller          pidfdPoller
+	// exited holds the PIDs whose pidfd said they exited, in this read.
+	exited            map[int]bool
+	pollPIDs, pollFDs []int
+	pollExited        []bool
 }
 
 // procSuperMagic is procfs's f_type (linux/magic.h).
@@ -54,6 +71,7 @@ const procSuperMagic = 0x9fa0
 // and the cgroup file is read again.
 type procEntry struct {
 	fd       int
+	pidfd    bool // fd is a pidfd, not a stat file; start is unset
 	start    uint64
 	resolved bool
 	inPod    bool
@@ -62,7 +80,7 @@ type procEntry struct {
 
 func newProcReader(root string, log *slog.Logger) *procReader {
 	return &procReader{root: root, log: log, warned: map[int]bool{}, known: map[int]*procEntry{},
-		maxHeld: maxHeldFiles(), buf: make([]byte, 1024)}
+		maxHeld: maxHeldFiles(), buf: make([]byte, 1024), exited: map[int]bool{}}
 }
 
 // maxHeldFiles is how many stat files a reader keeps open: a quarter of
@@ -88,6 +106,8 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 		return refs, gone, fmt.Errorf("procfs %s: %w", p.root, &os.PathError{Op: "statfs", Path: p.root, Err: err})
 	}
 	p.isProc = fs.Type == procSuperMagic
+	p.pidfds = p.isProc && !p.noPidfd && ownProcfs(p.root)
+	p.pollPidfds()
 	var firstErr error
 	seen := map[int]bool{}
 	for _, d := range devs {
@@ -140,12 +160,78 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 	return refs, gone, firstErr
 }
 
-// entry returns the open stat file of the process that has pid now, with
-// what it resolved to if it is the process read before; nil when its start
-// time cannot be read.
+// pollPidfds finds which processes held by a pidfd exited.
+func (p *procReader) pollPidfds() {
+	clear(p.exited)
+	if !p.pidfds {
+		return
+	}
+	p.pollPIDs, p.pollFDs = p.pollPIDs[:0], p.pollFDs[:0]
+	for pid, e := range p.known {
+		if e.pidfd {
+			p.pollPIDs = append(p.pollPIDs, pid)
+			p.pollFDs = append(p.pollFDs, e.fd)
+		}
+	}
+	p.pollExited = slices.Grow(p.pollExited[:0], len(p.pollFDs))[:len(p.pollFDs)]
+	err := p.poller.exited(p.pollFDs, p.pollExited)
+	for i, pid := range p.pollPIDs {
+		if err != nil || p.pollExited[i] {
+			p.exited[pid] = true
+		}
+	}
+}
+
+// entry returns the descriptor held for the process that has pid now, with
+// what it resolved to if it is the process read before; nil when the
+// process cannot be followed (it exited, or its start time cannot be
+// read).
 func (p *procReader) entry(pid int) *procEntry {
+	if p.pidfds {
+		if e, ok := p.pidfdEntry(pid); ok {
+			return e
+		}
+	}
+	return p.statEntry(pid)
+}
+
+// pidfdEntry follows pid by a pidfd. ok is false where it leaves pid to
+// statEntry: no room for another descriptor, pid held by its stat file,
+// or no pidfd to be had for it.
+func (p *procReader) pidfdEntry(pid int) (*procEntry, bool) {
 	e := p.known[pid]
-	if e != nil && e.fd >= 0 {
+	if e != nil && e.pidfd {
+		if !p.exited[pid] {
+			return e, true
+		}
+		p.drop(pid)
+		e = nil
+	}
+	if e != nil || p.held >= p.maxHeld {
+		return nil, false
+	}
+	fd, err := pidfdOpen(pid)
+	switch {
+	case errors.Is(err, syscall.ESRCH):
+		return nil, true // exited; reading its cgroup says so
+	case errors.Is(err, errNoPidfd):
+		p.pidfds, p.noPidfd = false, true
+		return nil, false
+	case err != nil: // not a process leader, say
+		return nil, false
+	}
+	e = &procEntry{fd: fd, pidfd: true}
+	p.held++
+	p.known[pid] = e
+	return e, true
+}
+
+// statEntry returns the open stat file of the process that has pid now,
+// with what it resolved to if it is the process read before; nil when its
+// start time cannot be read.
+func (p *procReader) statEntry(pid int) *procEntry {
+	e := p.known[pid]
+	if e != nil && e.fd >= 0 && !e.pidfd {
 		if start, err := p.startTime(e.fd); err == nil && start == e.start {
 			return e
 		}

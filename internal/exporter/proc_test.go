@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -116,9 +117,9 @@ func TestProcReaderCache(t *testing.T) {
 }
 
 // TestProcReaderRealProc checks what the cache relies on against the
-// kernel: a held /proc/<pid>/stat stops reading once its process exits, so
-// an exited process is reported gone, not served from the cache, and its
-// descriptor is closed.
+// kernel: a held pidfd (or /proc/<pid>/stat) tells once its process exits,
+// so an exited process is reported gone, not served from the cache, and
+// its descriptor is closed.
 func TestProcReaderRealProc(t *testing.T) {
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
 		t.Skip("no /proc here")
@@ -145,6 +146,11 @@ func TestProcReaderRealProc(t *testing.T) {
 		}
 		if p.known[pid] == nil || !p.known[pid].resolved {
 			t.Fatalf("read %d: running process not cached: %+v", i, p.known[pid])
+		}
+		// In its own /proc the reader holds a pidfd, where the kernel
+		// has them.
+		if runtime.GOOS == "linux" && !p.known[pid].pidfd && !p.noPidfd {
+			t.Fatalf("read %d: the process is held by its stat file, not a pidfd", i)
 		}
 	}
 	if err := cmd.Process.Kill(); err != nil {
@@ -220,5 +226,40 @@ func TestProcReaderHoldsAtMost(t *testing.T) {
 	p.forget(nil)
 	if p.held != 0 || len(p.known) != 0 {
 		t.Fatalf("after forget: %d held, %d known", p.held, len(p.known))
+	}
+}
+
+// BenchmarkProcReadRealProc is one scrape's /proc reading of 128 running
+// processes in this machine's own /proc, followed by pidfds and by stat
+// files.
+func BenchmarkProcReadRealProc(b *testing.B) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		b.Skip("no /proc here")
+	}
+	var devs []gpu.Device
+	dev := gpu.Device{UUID: "GPU-x"}
+	for range 128 {
+		cmd := exec.Command("sleep", "600")
+		if err := cmd.Start(); err != nil {
+			b.Skip("cannot start processes:", err)
+		}
+		b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		dev.Processes = append(dev.Processes, gpu.Process{PID: cmd.Process.Pid})
+	}
+	devs = append(devs, dev)
+	for _, mode := range []string{"pidfd", "stat"} {
+		b.Run(mode, func(b *testing.B) {
+			p := newProcReader("/proc", slog.New(slog.DiscardHandler))
+			p.noPidfd = mode == "stat"
+			b.Cleanup(func() { p.forget(nil) })
+			if _, _, err := p.read(devs); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, gone, err := p.read(devs); err != nil || len(gone) != 0 {
+					b.Fatal(gone, err)
+				}
+			}
+		})
 	}
 }

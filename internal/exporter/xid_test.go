@@ -20,8 +20,12 @@ func TestEmitXids(t *testing.T) {
 		{UUID: "GPU-b", Index: 1, Xid: 13, Count: 5}, // an application Xid
 		{UUID: "GPU-c", Index: 2, Xid: 48, Count: 1}, // a GPU that failed this scrape
 	}
+	set := newSeriesSet()
+	set.begin()
+	emitXids(emitter{set: set}, devices, xids)
+	set.finish()
 	ch := make(chan prometheus.Metric, 100)
-	emitXids(emitter{ch: ch, series: newSeriesCache()}, devices, xids)
+	set.send(ch)
 	close(ch)
 	got := map[string]float64{}
 	for m := range ch {

@@ -22,6 +22,7 @@ func BenchmarkScanIdle(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	b.Cleanup(func() { d.Close() })
 	terms := []Termination{{Container: containers[0], Instance: 0, Reason: "Error", Message: "exit 1", FinishedAt: t0}}
 	if _, err := d.Scan(containers, terms); err != nil {
 		b.Fatal(err)

@@ -47,6 +47,7 @@ func (w *world) detector(cfg Config) *Detector {
 	if err != nil {
 		w.t.Fatal(err)
 	}
+	w.t.Cleanup(func() { d.Close() })
 	return d
 }
 
@@ -569,6 +570,7 @@ func TestErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { d.Close() })
 		tm := Termination{Container: trainer, Reason: "Error", Message: runtimeOOM, FinishedAt: t0.Add(time.Second)}
 		evs, err := d.Scan([]Container{trainer}, []Termination{tm})
 		if !errors.Is(err, ErrPodLogsDir) || !strings.Contains(err.Error(), missing) {
@@ -607,6 +609,7 @@ func TestErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { d.Close() })
 		if _, err := d.Scan(nil, nil); !errors.Is(err, ErrPodLogsDir) || !strings.Contains(err.Error(), file) {
 			t.Errorf("Scan error = %v, want ErrPodLogsDir naming %s", err, file)
 		}

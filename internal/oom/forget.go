@@ -8,7 +8,7 @@ import (
 	"slices"
 )
 
-// What is kept of forgotten containers (see "Forgotten containers" in the
+// What is kept of forgotten containers (see "Forgetting" in the
 // package comment).
 const (
 	// maxForgottenFiles and maxForgottenInstances bound the graves: past
@@ -82,6 +82,9 @@ func (gy *graveyard) take(c Container) *grave {
 // PodLogsDir could be listed in this Scan, so that a missing container
 // directory means its pod was deleted, not an outage.
 func (d *Detector) bury(cs *containerState, rootReadable bool) {
+	if d.watcher != nil {
+		d.watcher.unwatch(cs)
+	}
 	g := &grave{c: cs.c}
 	if len(cs.streams) > 0 && !(rootReadable && dirDeleted(containerDir(d.root, cs.c))) {
 		for _, st := range cs.streams {

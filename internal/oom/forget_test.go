@@ -11,7 +11,7 @@ import (
 
 // idle is how long the tests' containers go unnamed: an idle GPU pod drops
 // out of the exporter's list for longer than ForgetAfter.
-const idle = 25 * time.Minute
+const idle = DefaultForgetAfter + 15*time.Minute
 
 // forget lets idle pass with only still named, and checks that the others
 // were really forgotten.
@@ -141,6 +141,7 @@ func TestForgottenTerminations(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				t.Cleanup(func() { d.Close() })
 				wantEvents(t, w.scan(d, nil, term), termEv)
 				w.forget(d, []Container{trainer})
 				wantEvents(t, w.scan(d, []Container{trainer}, term))

@@ -30,20 +30,27 @@
 // from their end, and terminations that finished before NewDetector are
 // ignored, so restarting the exporter does not fire alerts again.
 //
-// Forgotten containers: the exporter names a container only while it holds
-// or uses a GPU (and a while after), so a pod that uses one without
-// requesting it drops out of Scan's arguments when it goes idle, and its
-// state is forgotten Config.ForgetAfter later. What is needed to not count
-// anything twice when it is named again is kept in a grave: for each of its
-// log files the device and inode, the offset read to and the line it was in
-// the middle of (its first 512 bytes, so a longer one is matched on its
-// start), and the de-duplication state of its instances already counted.
-// When it is named again, a file with the same inode is read on from that
-// offset (from 0 if the file is now shorter: truncated); a file with another
-// inode is a rotation, handled as between two Scans; an instance counted
-// before is not counted again by either source, and the collapse rule holds
-// across the gap. A container whose log directory is gone when it is
-// forgotten (its pod was deleted) keeps no files.
+// Forgetting: one period, Config.ForgetAfter (DefaultForgetAfter, 6 h),
+// governs everything kept about a container. The Detector forgets the
+// state of a container that no Scan has named for that long; the Tracker,
+// which the exporter uses, watches a container until it has not been seen
+// live for that long, then stops naming it and has its state forgotten at
+// once, and drops its counters once they, too, have been still that long.
+// The period is far longer than any alert's look-back, so a counter that
+// grew is on view long after, and long enough that a container watched
+// again is usually still known.
+//
+// What is needed to not count anything twice when a forgotten container is
+// named again is kept in a grave: for each of its log files the device and
+// inode, the offset read to and the line it was in the middle of (its
+// first 512 bytes, so a longer one is matched on its start), and the
+// de-duplication state of its instances already counted. When it is named
+// again, a file with the same inode is read on from that offset (from 0 if
+// the file is now shorter: truncated); a file with another inode is a
+// rotation, handled as between two Scans; an instance counted before is
+// not counted again by either source, and the collapse rule holds across
+// the gap. A container whose log directory is gone when it is forgotten
+// (its pod was deleted) keeps no files.
 //
 // Graves are bounded: at most 10,000 files and 10,000 instances (under 1 KiB
 // a file: about 8 MiB when full, under 30 MiB if every file was in the middle
@@ -113,7 +120,7 @@ type Termination struct {
 const (
 	DefaultMaxReadBytes   = 1 << 20
 	DefaultCollapseWindow = 5 * time.Second
-	DefaultForgetAfter    = 10 * time.Minute
+	DefaultForgetAfter    = 6 * time.Hour
 )
 
 // Config configures a Detector.
@@ -132,11 +139,13 @@ type Config struct {
 	// container instance are one event (see the package comment). Zero means
 	// DefaultCollapseWindow.
 	CollapseWindow time.Duration
-	// ForgetAfter is how long the whole state of a container that no Scan
-	// has named (in containers or terms) is kept. After that only what
-	// "Forgotten containers" in the package comment describes is kept, so
-	// that a container named again does not count its old events again.
-	// Zero means DefaultForgetAfter.
+	// ForgetAfter is the one forget period ("Forgetting" in the package
+	// comment): how long the whole state of a container that no Scan has
+	// named (in containers or terms) is kept, and for a Tracker how long a
+	// container is watched after it was last seen live and its counters
+	// after they last moved. After that only its grave is kept, so that a
+	// container named again does not count its old events again. Zero
+	// means DefaultForgetAfter.
 	ForgetAfter time.Duration
 	// Logger receives the problems that Scan skips over; nil discards them.
 	Logger *slog.Logger
@@ -169,7 +178,22 @@ type Detector struct {
 	// survive until they are named again.
 	graves *graveyard
 	buf    []byte // read buffer, reused across files and Scans
+
+	// watcher says which container directories changed (dirWatcher); nil
+	// before the first Scan that reads logs, after Close, and where inotify
+	// is not to be had (noWatcher).
+	watcher   *dirWatcher
+	noWatcher bool
+	// rootOK: PodLogsDir passed its last check.
+	rootOK bool
+	// fullPass is when every container is read again, watched or not.
+	fullPass time.Time
 }
+
+// fullPassInterval is how often every watched container is read whatever
+// inotify said, and PodLogsDir checked again: a bound on what an event
+// inotify did not give (a file system without them) could delay.
+const fullPassInterval = time.Minute
 
 // NewDetector checks cfg and returns a Detector whose start time, before
 // which terminations are not counted, is now.
@@ -249,8 +273,15 @@ func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, e
 	var err error
 	readLogs := d.root != ""
 	if readLogs {
-		err = d.checkRoot()
-		readLogs = err == nil
+		d.watchEvents(now)
+		if d.watcher == nil || !d.rootOK || !d.watcher.rootKnown() {
+			err = d.checkRoot()
+			d.rootOK = err == nil
+			if d.rootOK && d.watcher != nil {
+				d.watcher.rootChecked(d.root)
+			}
+		}
+		readLogs = d.rootOK
 	}
 	if readLogs && !d.started {
 		d.takeBaseline()
@@ -260,7 +291,7 @@ func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, e
 		// Named containers are remembered even while their logs cannot be
 		// read, or they would be read again from the start afterwards.
 		cs := d.state(c, now)
-		if readLogs {
+		if readLogs && (cs.wd == 0 || cs.dirty) {
 			events = d.scanContainer(cs, now, events)
 		}
 	}
@@ -276,6 +307,34 @@ func (d *Detector) Scan(containers []Container, terms []Termination) ([]Event, e
 		}
 	}
 	return events, err
+}
+
+// watchEvents takes in what changed since the last Scan, starting the
+// watcher at the first call, and marks every container to be read when
+// events were lost or a full pass is due.
+func (d *Detector) watchEvents(now time.Time) {
+	if d.watcher == nil && !d.noWatcher {
+		d.watcher = newDirWatcher(d.root)
+		d.noWatcher = d.watcher == nil
+	}
+	lost := d.watcher == nil || d.watcher.drain()
+	if lost || !now.Before(d.fullPass) {
+		d.fullPass = now.Add(fullPassInterval)
+		d.rootOK = false
+		for _, cs := range d.containers {
+			cs.dirty = true
+		}
+	}
+}
+
+// Close releases the inotify instance. A Scan after it starts a new one.
+func (d *Detector) Close() error {
+	if d.watcher != nil {
+		d.watcher.close()
+		d.watcher = nil
+	}
+	d.noWatcher = false
+	return nil
 }
 
 func (d *Detector) checkRoot() error {
@@ -306,6 +365,12 @@ type containerState struct {
 	instances   map[int]*instanceState
 	maxInstance int
 	lastErr     string // the last problem logged, so a lasting one is logged once
+	// wd is the inotify watch of its log directory (0: none, read at every
+	// Scan); dirty, that it changed, or may hold more to read, since its
+	// last reading.
+	wd    int32
+	dirty bool
+	reads int // Scans that read its directory (tests)
 }
 
 type instanceState struct {
@@ -350,6 +415,7 @@ func (cs *containerState) instance(n int) *instanceState {
 // logf logs a problem with a container's files unless it is the same as the
 // last one logged for that container.
 func (d *Detector) logf(cs *containerState, msg string, args ...any) {
+	cs.dirty = true // a problem: try again at the next Scan
 	key := fmt.Sprint(append([]any{msg}, args...)...)
 	if key == cs.lastErr {
 		return

@@ -1,7 +1,9 @@
 package oom
 
 import (
+	"bytes"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -187,5 +189,74 @@ func TestExcerpt(t *testing.T) {
 				t.Errorf("excerpt %q lost the match %q", got, tc.contains)
 			}
 		})
+	}
+}
+
+// firstBySearch is matcher.first searching for each literal on its own,
+// the plain way the literal finder must agree with.
+func firstBySearch(m *matcher, b []byte) (int, bool) {
+	best := -1
+	for li, lit := range m.literals {
+		if !bytes.Contains(b, lit) {
+			continue
+		}
+		for _, i := range m.users[li] {
+			if (best < 0 || i < best) && m.each[i].Match(b) {
+				best = i
+				break
+			}
+		}
+	}
+	if best < 0 || m.host.Match(b) {
+		return 0, false
+	}
+	return best, true
+}
+
+// TestLiteralFinder: the one-pass literal search gives what searching for
+// each literal gives, on the corpus and on lines built to find its edges:
+// literals at either end, cut short by a byte, repeated, overlapping.
+func TestLiteralFinder(t *testing.T) {
+	m, err := newMatcher(DefaultPatterns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := slices.Clone(ordinaryLines)
+	for _, tc := range oomLines {
+		lines = append(lines, tc.line)
+	}
+	for _, msgs := range [][]realMessage{realPositives, realNegatives} {
+		for _, r := range msgs {
+			lines = append(lines, r.line)
+		}
+	}
+	for _, s := range Catalogue {
+		lines = append(lines, s.Example, s.NearMiss)
+	}
+	for i, lit := range m.literals {
+		l := string(lit)
+		next := string(m.literals[(i+1)%len(m.literals)])
+		lines = append(lines, l, "x"+l, l+"x", l[:len(l)-1], l[1:], l+l, l+" "+l, l[:len(l)/2]+next+l[len(l)/2:],
+			"CUDA error: "+l+" (allocating 2 GiB)", "RuntimeError: CUDA"+l+next)
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		var b strings.Builder
+		for range rnd.IntN(6) {
+			if lit := m.literals[rnd.IntN(len(m.literals))]; rnd.IntN(2) == 0 {
+				b.Write(lit[:rnd.IntN(len(lit)+1)])
+			} else {
+				b.Write(lit[rnd.IntN(len(lit)):])
+			}
+			b.WriteString([]string{"", " ", "out of memory", "CUDA ", "\t"}[rnd.IntN(5)])
+		}
+		lines = append(lines, b.String())
+	}
+	for _, line := range lines {
+		gotI, gotOK := m.first([]byte(line))
+		wantI, wantOK := firstBySearch(m, []byte(line))
+		if gotI != wantI || gotOK != wantOK {
+			t.Errorf("first(%q) = %d, %v; searching each literal gives %d, %v", line, gotI, gotOK, wantI, wantOK)
+		}
 	}
 }

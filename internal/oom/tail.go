@@ -188,6 +188,13 @@ func (d *Detector) scanContainer(cs *containerState, now time.Time, events []Eve
 		return events
 	}
 	dir := containerDir(d.root, cs.c)
+	// Watched before it is read, so that what is written after the
+	// reading is an event.
+	if d.watcher != nil {
+		d.watcher.watch(cs, dir)
+	}
+	cs.dirty = false
+	cs.reads++
 	names, err := cs.listing.names(dir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -274,6 +281,7 @@ func (d *Detector) readStream(sc *scan, st *stream) bool {
 				// if that races too, at the next Scan.
 				tf.path = ""
 				if relocated {
+					sc.cs.dirty = true
 					return true
 				}
 				relocated = true
@@ -290,6 +298,9 @@ func (d *Detector) readStream(sc *scan, st *stream) bool {
 	}
 	if st.cur != nil {
 		d.readFile(sc, st, st.cur)
+	}
+	if len(st.old) > 0 {
+		sc.cs.dirty = true // rotated files not finished
 	}
 	return !missing
 }
@@ -351,6 +362,7 @@ func (d *Detector) readFile(sc *scan, st *stream, tf *tailFile) (done, gone bool
 	}
 	if identOf(fi) != tf.id {
 		// Rotated between the stat and the open; the next Scan sees it.
+		sc.cs.dirty = true
 		return false, tf != st.cur
 	}
 	size := fi.Size()
@@ -379,11 +391,13 @@ func (d *Detector) readFile(sc *scan, st *stream, tf *tailFile) (done, gone bool
 	}
 	st.lastErr = ""
 	tf.off += int64(got)
+	sc.cs.dirty = true // read again next time: there may be more
 	d.feed(sc, st, tf, buf[:got])
 	return tf.off >= size, false
 }
 
 func (d *Detector) logStream(sc *scan, st *stream, msg string, args ...any) {
+	sc.cs.dirty = true // a problem: try again at the next Scan
 	key := msg + ": " + args[len(args)-1].(error).Error()
 	if key == st.lastErr {
 		return

@@ -25,7 +25,10 @@ type Options struct {
 	MetricsPath   string
 	WebConfigFile string // empty: plain HTTP without auth
 	Registry      *prometheus.Registry
-	Logger        *slog.Logger
+	// Metrics, when set, serves MetricsPath instead of promhttp over
+	// Registry (the exporter writes its own exposition).
+	Metrics http.Handler
+	Logger  *slog.Logger
 	// Extra handlers (path → handler), e.g. /healthz.
 	Extra map[string]http.Handler
 }
@@ -33,11 +36,15 @@ type Options struct {
 // Handler builds the mux: metrics, landing page, extras.
 func Handler(o Options) (http.Handler, error) {
 	mux := http.NewServeMux()
-	mux.Handle(o.MetricsPath, promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{
-		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelError),
-		ErrorHandling:     promhttp.ContinueOnError,
-		EnableOpenMetrics: true,
-	}))
+	metrics := o.Metrics
+	if metrics == nil {
+		metrics = promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{
+			ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelError),
+			ErrorHandling:     promhttp.ContinueOnError,
+			EnableOpenMetrics: true,
+		})
+	}
+	mux.Handle(o.MetricsPath, metrics)
 	for p, h := range o.Extra {
 		mux.Handle(p, h)
 	}

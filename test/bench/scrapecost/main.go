@@ -14,11 +14,13 @@
 //
 //	make bench-scrape              # builds the exporter, installs node_exporter if missing
 //	go run ./test/bench/scrapecost -exporter bin/gpuslice-exporter -scrapes 1000
+//	go run ./test/bench/scrapecost -as-prometheus   # OpenMetrics and gzip, as Prometheus asks
 package main
 
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"flag"
@@ -50,7 +52,18 @@ type options struct {
 	scrapes, rounds        int
 	warmup                 int
 	scale                  simnode.Scale
+	asPrometheus           bool
 }
+
+// Headers of a scrape: the text format uncompressed, or, with
+// -as-prometheus, what Prometheus 2 and 3 send by default (OpenMetrics
+// first, gzip).
+const (
+	acceptText           = "text/plain;version=0.0.4"
+	acceptPrometheus     = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+	encodingPrometheus   = "gzip"
+	encodingUncompressed = "identity"
+)
 
 func main() {
 	var o options
@@ -61,6 +74,7 @@ func main() {
 	flag.IntVar(&o.warmup, "warmup", 20, "Scrapes of each before measuring (caches, connections, heap growth).")
 	flag.IntVar(&o.scale.Processes, "procs", 1, "Multiply the simulated node's GPU processes (and their pods) by this.")
 	flag.IntVar(&o.scale.Replicas, "replicas", 1, "Multiply the replicas each simulated GPU advertises by this.")
+	flag.BoolVar(&o.asPrometheus, "as-prometheus", false, "Scrape with Prometheus's default Accept (OpenMetrics first) and Accept-Encoding (gzip) instead of the uncompressed text format.")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "scrapecost:", err)
@@ -76,6 +90,8 @@ type target struct {
 	// want is a string every scrape must contain: an exporter that
 	// answers with errors must not look cheap.
 	want string
+	// accept and encoding are the request's Accept and Accept-Encoding.
+	accept, encoding string
 
 	cpuTicks uint64
 	wall     time.Duration
@@ -125,6 +141,12 @@ func run(o options) error {
 			"--path.procfs="+node.Procfs(), "--path.pod-logs="+node.PodLogs(), "--kubelet.pod-resources-socket="+node.PodResourcesSocket(),
 			"--pods.source=kubelet", "--kubelet.url="+node.KubeletURL(), "--kubelet.token-file=", "--log.level=error")}
 	targets := []*target{ne, gs}
+	for _, t := range targets {
+		t.accept, t.encoding = acceptText, encodingUncompressed
+		if o.asPrometheus {
+			t.accept, t.encoding = acceptPrometheus, encodingPrometheus
+		}
+	}
 	// node_exporter logs every failing collector at every scrape (systemd
 	// without D-Bus, here); gpuslice-exporter logs only errors.
 	ne.cmd.Stderr = io.Discard
@@ -150,6 +172,7 @@ func run(o options) error {
 
 	fmt.Printf("side by side: %d scrapes each in %d rounds, node: %d GPUs, %d GPU processes, %d pods, %d replicas per GPU\n",
 		o.scrapes, o.rounds, len(node.GPUs), countProcs(node), len(node.Pods), node.GPUs[0].Replicas)
+	fmt.Printf("Accept: %s; Accept-Encoding: %s\n", ne.accept, ne.encoding)
 	fmt.Printf("%-6s %18s %18s %8s\n", "round", ne.name+" CPU ms", gs.name+" CPU ms", "ratio")
 	for r := 0; r < o.rounds; r++ {
 		n := o.scrapes / o.rounds
@@ -257,22 +280,29 @@ func (t *target) ready(client *http.Client, timeout time.Duration) error {
 	}
 }
 
-// scrape fetches the metrics once, as Prometheus does (text format,
-// uncompressed on loopback), and counts the samples.
+// scrape fetches the metrics once with the target's headers, and counts
+// the samples; KiB are those sent, compressed or not.
 func (t *target) scrape(client *http.Client) error {
 	start := time.Now()
 	req, err := http.NewRequest(http.MethodGet, t.url, nil)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	req.Header.Set("Accept-Encoding", "identity")
+	req.Header.Set("Accept", t.accept)
+	req.Header.Set("Accept-Encoding", t.encoding)
 	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s: %w", t.name, err)
 	}
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	sent := len(body)
+	if err == nil && resp.Header.Get("Content-Encoding") == "gzip" {
+		var zr *gzip.Reader
+		if zr, err = gzip.NewReader(bytes.NewReader(body)); err == nil {
+			body, err = io.ReadAll(zr)
+		}
+	}
 	t.wall += time.Since(start)
 	if err != nil {
 		return fmt.Errorf("%s: %w", t.name, err)
@@ -283,7 +313,7 @@ func (t *target) scrape(client *http.Client) error {
 	if !bytes.Contains(body, []byte(t.want)) {
 		return fmt.Errorf("%s: the scrape has no %s series", t.name, strings.TrimSuffix(t.want, "{"))
 	}
-	t.bytes += len(body)
+	t.bytes += sent
 	for line := range bytes.Lines(body) {
 		if len(line) > 0 && line[0] != '#' {
 			t.lines++
