@@ -55,20 +55,29 @@ type Config struct {
 	// is above TargetUtilization so that a raise can never by itself lead to
 	// a lowering for pressure.
 	PressureThreshold float64 `yaml:"pressureThreshold"`
+	// Remember is how long a workload's record (Memory) outlives its last
+	// sighting, and how long an OOM keeps its workload from being given the
+	// count it OOMed at: longer than a week, so that a weekly job finds its
+	// record when it returns.
+	Remember time.Duration `yaml:"remember"`
+	// MaxWorkloads bounds the records kept, the most recently seen first.
+	MaxWorkloads int `yaml:"maxWorkloads"`
 }
 
 // DefaultConfig returns the defaults justified in docs/tuner-policy.md.
 func DefaultConfig() Config {
 	return Config{
 		MinReplicas:       1,
-		MaxReplicas:       8,
-		MaxStepUp:         1,
+		MaxReplicas:       16,
+		MaxStepUp:         16,
 		Window:            10 * time.Minute,
 		Cooldown:          15 * time.Minute,
 		PressureWindow:    2 * time.Minute,
 		SampleInterval:    15 * time.Second,
 		TargetUtilization: 0.9,
 		PressureThreshold: 0.95,
+		Remember:          14 * 24 * time.Hour,
+		MaxWorkloads:      256,
 	}
 }
 
@@ -105,6 +114,12 @@ func (c Config) Validate() error {
 	} else if c.PressureThreshold <= c.TargetUtilization {
 		bad("pressureThreshold (%g) must be above targetUtilization (%g)", c.PressureThreshold, c.TargetUtilization)
 	}
+	if c.Remember < c.Window {
+		bad("remember must be >= window (%s), got %s", c.Window, c.Remember)
+	}
+	if c.MaxWorkloads < 1 {
+		bad("maxWorkloads must be >= 1, got %d", c.MaxWorkloads)
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
 	}
@@ -115,6 +130,7 @@ func (c Config) Validate() error {
 var configKeys = []string{
 	"minReplicas", "maxReplicas", "maxStepUp", "window", "cooldown",
 	"pressureWindow", "sampleInterval", "targetUtilization", "pressureThreshold",
+	"remember", "maxWorkloads",
 }
 
 // UnmarshalYAML decodes a policy section over the values already in c (so

@@ -118,6 +118,8 @@ const (
 	ReasonNoWorkload           = "NoWorkload"           // hold: no container memory seen, no footprint
 	ReasonInsufficientHeadroom = "InsufficientHeadroom" // hold: capacity allows no more
 	ReasonNoGPUs               = "NoGPUs"               // hold: nothing observed on the node
+	ReasonRememberedOOM        = "RememberedOOM"        // hold: a workload here OOMed at the count a raise would give
+	ReasonUnbackedReplicas     = "UnbackedReplicas"     // down: free replicas the memory left could not back
 )
 
 // Directions for Decision.Direction.
@@ -199,15 +201,23 @@ type Observation struct {
 	// the resource pods ask for (2 when it renames the shared resource); 0
 	// means no floor beyond MinReplicas.
 	Floor int
-	// PendingRequest is the most replicas one pending pod waiting for this
-	// node's resource asks for; 0 when none waits. `gpuslice-tuner run`
-	// gathers it from a cluster-wide informer over pending pods: those the
-	// scheduler marked Unschedulable, asking for the resource the node's
-	// config advertises, and whose nodeName and nodeSelector allow the
-	// node (affinity and taints are not evaluated; see
-	// internal/tuner/controller/pending.go).
-	PendingRequest int
-	GPUs           []GPUObservation
+	// Pending lists the pods waiting for a replica of this node's resource,
+	// oldest first: the demand a raise would serve.
+	Pending []PendingPod
+	// ContainerWorkloads maps the container keys of the samples to their
+	// workload keys (WorkloadKey); a key it lacks is its own workload.
+	ContainerWorkloads map[string]string
+	// Memory is the workload record, Remember's answer for this round.
+	Memory Memory
+	GPUs   []GPUObservation
+}
+
+// PendingPod is one pod waiting for a replica.
+type PendingPod struct {
+	// Workload is the pod's workload key (WorkloadKey).
+	Workload string
+	// Replicas is how many replicas it asks for (its resource request).
+	Replicas int
 }
 
 // Decision is the answer for one node.
@@ -277,17 +287,17 @@ func direction(from, to int) string {
 
 // gpuView is the part of a GPU's history that Decide looks at.
 type gpuView struct {
-	cfg     Config
-	now     time.Time
-	cur     int
-	pending int      // Observation.PendingRequest
-	window  []Sample // within [now−Window, now]
+	cfg    Config
+	now    time.Time
+	cur    int
+	obs    *Observation
+	window []Sample // within [now−Window, now]
 	// footprint is the node's largest container peak in the window.
 	footprint uint64
 }
 
 func decideGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint uint64) Decision {
-	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas, pending: obs.PendingRequest}
+	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas, obs: &obs}
 	v.window = within(g.Samples, obs.Now.Add(-cfg.Window), obs.Now)
 	v.footprint = nodeFootprint
 	d := v.decide(obs.LastChange)
@@ -322,6 +332,9 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if pressed && sinceChange >= cfg.PressureWindow {
 		lower(pressTarget, ReasonMemoryPressure, pressMsg+fmt.Sprintf(", lowering %d -> %d", cur, pressTarget))
 	}
+	if to, msg := v.unbacked(); to < cur && sinceChange >= cfg.PressureWindow {
+		lower(to, ReasonUnbackedReplicas, msg+fmt.Sprintf(", lowering %d -> %d", cur, to))
+	}
 	if cur > cfg.MaxReplicas {
 		lower(cfg.MaxReplicas, ReasonAboveMaximum, fmt.Sprintf("%d replicas is above maxReplicas %d", cur, cfg.MaxReplicas))
 	}
@@ -346,8 +359,8 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 			pressMsg, sinceChange, cfg.PressureWindow, cur)
 	case cur >= cfg.MaxReplicas:
 		return hold(ReasonAtMaximum, "%d replicas is maxReplicas", cur)
-	case sinceChange < cfg.Cooldown:
-		return hold(ReasonCooldown, "last change %s ago, cooldown %s, keeping %d replicas", sinceChange, cfg.Cooldown, cur)
+	case sinceChange < cfg.SampleInterval:
+		return hold(ReasonCooldown, "last change %s ago, less than a sample, keeping %d replicas", sinceChange, cur)
 	case !covers(v.window, v.now.Add(-cfg.Window), v.now, cfg.SampleInterval):
 		return hold(ReasonInsufficientHistory, "samples cover less than the %s window (%d samples, one every %s expected), keeping %d replicas",
 			cfg.Window, len(v.window), cfg.SampleInterval, cur)
@@ -356,24 +369,145 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if latest.ReplicasAdvertised != 0 && latest.ReplicasAdvertised != cur {
 		return hold(ReasonAwaitingApply, "%d replicas advertised, %d decided: the last change has not taken effect", latest.ReplicasAdvertised, cur)
 	}
-	if free := cur - latest.ReplicasAllocated; free > 0 && v.pending <= free {
+	free := max(cur-latest.ReplicasAllocated, 0)
+	need, guess := v.demand(free)
+	if len(need) == 0 {
 		return hold(ReasonFreeReplicas, "%d of %d replicas are free, no pod needs another, keeping %d replicas", free, cur, cur)
 	}
-	if v.footprint == 0 {
-		return hold(ReasonNoWorkload, "no container memory seen in the last %s, no footprint to size a raise, keeping %d replicas", cfg.Window, cur)
+	if guess && sinceChange < cfg.Cooldown {
+		return hold(ReasonCooldown, "last change %s ago, cooldown %s for a raise that admits a pod of unknown size, keeping %d replicas",
+			sinceChange, cfg.Cooldown, cur)
 	}
-	want := min(cur+cfg.MaxStepUp, cfg.MaxReplicas)
-	fit, worst := v.fit()
+	if slices.Contains(need, 0) {
+		return hold(ReasonNoWorkload, "no container memory seen in the last %s nor remembered for the pending pods, nothing to size a raise, keeping %d replicas", cfg.Window, cur)
+	}
+	fit, worst := v.fit(need)
 	if fit <= cur {
-		return hold(ReasonInsufficientHeadroom, "at %s %s of %s used with %d allocated: one more pod of %s would pass %.0f%%, keeping %d replicas",
+		return hold(ReasonInsufficientHeadroom, "at %s %s of %s used with %d allocated: the next pod, %s, would pass %.0f%%, keeping %d replicas",
 			worst.Time.Format(time.RFC3339), gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated,
-			gib(v.footprint), 100*cfg.TargetUtilization, cur)
+			gib(need[0]), 100*cfg.TargetUtilization, cur)
 	}
-	to := min(want, fit)
+	to := min(cur+cfg.MaxStepUp, cfg.MaxReplicas, fit)
+	if banned, wl, at := v.banned(len(need)); banned <= cur {
+		return hold(ReasonRememberedOOM, "workload %s OOMed on a full GPU with %d pods at %s, keeping %d replicas",
+			wl, banned+1, at.Format(time.RFC3339), cur)
+	} else {
+		to = min(to, banned)
+	}
 	return Decision{Replicas: to, Reason: ReasonSustainedHeadroom, Message: fmt.Sprintf(
-		"for %s every sample would have fit %d replicas, each new pod taking %s, under %.0f%% (tightest: %s of %s used with %d allocated), raising %d -> %d",
-		cfg.Window, fit, gib(v.footprint), 100*cfg.TargetUtilization,
-		gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated, cur, to)}
+		"%d pod(s) need a replica; for %s every sample would have fit %d replicas, the new pods priced %s (tightest: %s of %s used with %d allocated, under %.0f%%), raising %d -> %d",
+		len(need), cfg.Window, fit, gibs(need[:min(len(need), to-cur)]),
+		gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated, 100*cfg.TargetUtilization, cur, to)}
+}
+
+// demand prices the replicas a raise would hand out, in the order they would
+// be taken: one per replica of each pending pod that the free replicas do
+// not serve, each at its workload's remembered peak when that is known, else
+// at the largest footprint known (the window's or any remembered workload's:
+// a pod never seen may be as large as anything seen). With every replica
+// taken and nobody pending it is one replica at that largest footprint: the
+// next pod, whoever it is. A price of 0 means nothing is known to price it.
+// guess says whether a price is not the pod's own remembered peak.
+func (v gpuView) demand(free int) (need []uint64, guess bool) {
+	unknown := v.unknownPrice()
+	full := free == 0
+	for _, p := range v.obs.Pending {
+		r := max(p.Replicas, 1)
+		if r <= free {
+			free -= r
+			continue
+		}
+		price := unknown
+		if w := v.obs.Memory.Workloads[p.Workload]; w.Known(v.cfg) {
+			price = w.PeakBytes
+		} else {
+			guess = true
+		}
+		for range r - free {
+			need = append(need, price)
+		}
+		free = 0
+	}
+	if len(need) == 0 && full {
+		need, guess = append(need, unknown), true
+	}
+	return need, guess
+}
+
+// unknownPrice is what a pod of no known workload is priced at: the largest
+// footprint of the window or of any remembered workload.
+func (v gpuView) unknownPrice() uint64 {
+	u := v.footprint
+	for _, w := range v.obs.Memory.Workloads {
+		u = max(u, w.PeakBytes)
+	}
+	return u
+}
+
+// unbacked is the count that the free replicas shrink to when, in every
+// sample of the last PressureWindow, the memory left under
+// TargetUtilization (running pods at their remembered peaks) could not back
+// them, each priced as a pod of unknown size. A free replica is a promise of
+// room to whichever pod comes next: one raised for a 3 GiB job at night and
+// left free until a 20 GiB fine-tune arrives in the afternoon, beside
+// services that grew meanwhile, breaks it. Lowering stops no running pod,
+// and a pod of a known workload gets its replica back at the next sample.
+func (v gpuView) unbacked() (int, string) {
+	from := v.now.Add(-v.cfg.PressureWindow)
+	ss := within(v.window, from, v.now)
+	u := v.unknownPrice()
+	if u == 0 || !covers(ss, from, v.now, v.cfg.SampleInterval) {
+		return v.cur, ""
+	}
+	to := 0
+	var last Sample
+	for _, s := range ss {
+		free := v.cur - s.ReplicasAllocated
+		budget := v.cfg.TargetUtilization*float64(s.MemoryTotalBytes) - float64(s.MemoryUsedBytes) - float64(v.growth(s))
+		if free <= 0 || s.MemoryTotalBytes == 0 || s.ReplicasAllocated == 0 { // 0 allocated may be unknown
+			return v.cur, ""
+		}
+		backed := 0
+		if budget > 0 {
+			backed = int(math.Floor(budget / float64(u)))
+		}
+		if backed >= free {
+			return v.cur, ""
+		}
+		to, last = max(to, s.ReplicasAllocated+backed), s
+	}
+	to = max(to, v.cfg.MinReplicas, 1)
+	return to, fmt.Sprintf("for %s %d of %d replicas were free and the memory left (%s of %s used with %d allocated) backs %d more pod(s) of %s",
+		v.cfg.PressureWindow, v.cur-last.ReplicasAllocated, v.cur, gib(last.MemoryUsedBytes), gib(last.MemoryTotalBytes),
+		last.ReplicasAllocated, to-last.ReplicasAllocated, gib(u))
+}
+
+// banned is the count below which the workloads a raise involves (those
+// running now and the first n pending) have not OOMed on a full GPU within
+// Remember: a workload that OOMed with A pods holding replicas is not given A
+// again soon, so that a workload returning daily does not cycle through
+// raise, OOM and lower. It returns math.MaxInt when nothing is remembered.
+func (v gpuView) banned(n int) (int, string, time.Time) {
+	limit, who, when := math.MaxInt, "", time.Time{}
+	check := func(wl string) {
+		w, ok := v.obs.Memory.Workloads[wl]
+		if !ok || w.OOMAllocated == 0 || v.now.Sub(w.LastOOM) >= v.cfg.Remember {
+			return
+		}
+		if w.OOMAllocated-1 < limit || (w.OOMAllocated-1 == limit && wl < who) {
+			limit, who, when = w.OOMAllocated-1, wl, w.LastOOM
+		}
+	}
+	for c := range v.window[len(v.window)-1].ContainerPeaks {
+		check(v.obs.workload(c))
+	}
+	for i, p := range v.obs.Pending {
+		if i >= n {
+			break
+		}
+		check(p.Workload)
+	}
+	return limit, who, when
 }
 
 // oomIncidents is what the window's OOM events call for.
@@ -512,21 +646,43 @@ func (v gpuView) pressure() (bool, int, string) {
 }
 
 // fit returns the largest count that every sample of the window would still
-// have fit, each pod beyond the allocated ones bringing the footprint, and
-// the sample that limited it.
-func (v gpuView) fit() (int, Sample) {
+// have fit, and the sample that limited it. A sample's running pods are
+// measured, each raised to its workload's remembered peak (a service that
+// peaks every afternoon will again); replicas free at that sample are priced
+// at the footprint; the replicas a raise adds take the prices of need in
+// order.
+func (v gpuView) fit(need []uint64) (int, Sample) {
 	fit, worst := math.MaxInt, v.window[0]
 	for _, s := range v.window {
 		n := 0 // a sample without a total, or already over the target, fits nothing more
-		budget := v.cfg.TargetUtilization*float64(s.MemoryTotalBytes) - float64(s.MemoryUsedBytes)
+		budget := v.cfg.TargetUtilization*float64(s.MemoryTotalBytes) - float64(s.MemoryUsedBytes) - float64(v.growth(s)) -
+			float64(max(v.cur-s.ReplicasAllocated, 0))*float64(v.footprint)
 		if s.MemoryTotalBytes > 0 && budget >= 0 {
-			n = s.ReplicasAllocated + int(math.Floor(budget/float64(v.footprint)))
+			n = max(v.cur, s.ReplicasAllocated) // pods beyond a lowered count still run: room for them is measured
+			for _, p := range need {
+				if budget -= float64(p); budget < 0 {
+					break
+				}
+				n++
+			}
 		}
 		if n < fit {
 			fit, worst = n, s
 		}
 	}
 	return fit, worst
+}
+
+// growth is how much more than in sample s its containers used at their
+// workloads' remembered peaks.
+func (v gpuView) growth(s Sample) uint64 {
+	var g uint64
+	for c, p := range s.ContainerPeaks {
+		if w := v.obs.Memory.Workloads[v.obs.workload(c)]; w.PeakBytes > p {
+			g += w.PeakBytes - p
+		}
+	}
+	return g
 }
 
 // within returns the samples with from <= Time <= to, keeping their order.
@@ -565,3 +721,19 @@ func footprint(ss []Sample) uint64 {
 }
 
 func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+// gibs writes prices as "6.0 GiB, 6.0 GiB and 8.0 GiB".
+func gibs(bs []uint64) string {
+	var out string
+	for i, b := range bs {
+		switch {
+		case i == 0:
+		case i == len(bs)-1:
+			out += " and "
+		default:
+			out += ", "
+		}
+		out += gib(b)
+	}
+	return out
+}

@@ -66,6 +66,14 @@ func node(cur int, lastChange time.Time, ss []Sample) Observation {
 		GPUs: []GPUObservation{{UUID: "GPU-a6000", Samples: ss}}}
 }
 
+// waiting adds n pending pods of a workload never seen to o.
+func waiting(n int, o Observation) Observation {
+	for range n {
+		o.Pending = append(o.Pending, PendingPod{Workload: "new", Replicas: 1})
+	}
+	return o
+}
+
 func TestDecide(t *testing.T) {
 	def := DefaultConfig()
 	cfg := func(change func(*Config)) Config { c := DefaultConfig(); change(&c); return c }
@@ -97,15 +105,18 @@ func TestDecide(t *testing.T) {
 		{"raise after sustained headroom", def, node(4, time.Time{}, roomy), 5, ReasonSustainedHeadroom, DirectionUp},
 		{"raise after cooldown has passed", def, node(4, now.Add(-def.Cooldown), roomy), 5, ReasonSustainedHeadroom, DirectionUp},
 		{"raise is bounded by maxStepUp", cfg(func(c *Config) { c.MaxStepUp = 2 }),
-			node(2, time.Time{}, history(10*time.Minute, steady(8*GiB, 2, 2, map[string]uint64{"a": 4 * GiB, "b": 4 * GiB}))),
+			waiting(4, node(2, time.Time{}, history(10*time.Minute, steady(8*GiB, 2, 2, map[string]uint64{"a": 4 * GiB, "b": 4 * GiB})))),
+			4, ReasonSustainedHeadroom, DirectionUp},
+		{"a raise adds no more replicas than pods wait for", def,
+			waiting(2, node(2, time.Time{}, history(10*time.Minute, steady(8*GiB, 2, 2, map[string]uint64{"a": 4 * GiB, "b": 4 * GiB})))),
 			4, ReasonSustainedHeadroom, DirectionUp},
 		{"running pods are measured, only new pods are priced at the footprint", cfg(func(c *Config) { c.MaxStepUp = 4 }),
 			// 43.2 GiB target - 20.5 GiB used takes two more 8 GiB pods, though 43.2 / 8 = 5
-			node(4, time.Time{}, roomy), 6, ReasonSustainedHeadroom, DirectionUp},
+			waiting(4, node(4, time.Time{}, roomy)), 6, ReasonSustainedHeadroom, DirectionUp},
 		{"raise is bounded by the headroom of the tightest sample", cfg(func(c *Config) { c.MaxStepUp = 4 }),
 			// 43.2 GiB target - 38 GiB used leaves room for two 2 GiB pods
-			node(2, time.Time{}, with(history(10*time.Minute, steady(4*GiB, 2, 2, map[string]uint64{"a": 2 * GiB, "b": 2 * GiB})),
-				func(i int, _ Sample) bool { return i == 7 }, func(s *Sample) { s.MemoryUsedBytes = 38 * GiB })),
+			waiting(4, node(2, time.Time{}, with(history(10*time.Minute, steady(4*GiB, 2, 2, map[string]uint64{"a": 2 * GiB, "b": 2 * GiB})),
+				func(i int, _ Sample) bool { return i == 7 }, func(s *Sample) { s.MemoryUsedBytes = 38 * GiB }))),
 			4, ReasonSustainedHeadroom, DirectionUp},
 		{"hold in cooldown", def, node(4, now.Add(-def.Cooldown+time.Second), roomy), 4, ReasonCooldown, DirectionNone},
 		{"insufficient history: window half covered", def,
@@ -126,8 +137,8 @@ func TestDecide(t *testing.T) {
 			2, ReasonInsufficientHeadroom, DirectionNone},
 		{"no raise into free replicas", def,
 			node(5, time.Time{}, history(10*time.Minute, steady(servicesUsed, 4, 5, servicePeaks))), 5, ReasonFreeReplicas, DirectionNone},
-		{"pods above a lowered count that fit again win their replicas back", def,
-			node(5, time.Time{}, history(10*time.Minute, steady(servicesUsed, 6, 5, servicePeaks))), 6, ReasonSustainedHeadroom, DirectionUp},
+		{"pods above a lowered count that fit again win their replicas back, and room for the next", def,
+			node(5, time.Time{}, history(10*time.Minute, steady(servicesUsed, 6, 5, servicePeaks))), 7, ReasonSustainedHeadroom, DirectionUp},
 		{"no raise when one sample lacked room", def,
 			node(4, time.Time{}, with(roomy, func(i int, _ Sample) bool { return i == 20 }, func(s *Sample) { s.MemoryUsedBytes = 36 * GiB })),
 			4, ReasonInsufficientHeadroom, DirectionNone},
@@ -174,7 +185,11 @@ func TestDecide(t *testing.T) {
 				}
 				return s
 			})), 4, ReasonInsufficientHeadroom, DirectionNone},
-		{"above maxReplicas", def, node(10, time.Time{}, roomy), 8, ReasonAboveMaximum, DirectionDown},
+		{"above maxReplicas", cfg(func(c *Config) { c.MaxReplicas = 8 }),
+			node(10, time.Time{}, history(10*time.Minute, steady(servicesUsed, 10, 10, servicePeaks))), 8, ReasonAboveMaximum, DirectionDown},
+		{"free replicas the memory left cannot back are given up", def,
+			// 43.2 - 20.5 GiB backs two more pods of 8 GiB, not six
+			node(10, time.Time{}, roomy), 6, ReasonUnbackedReplicas, DirectionDown},
 		{"OOM below maxReplicas names the OOM", def, node(10, time.Time{}, with(roomy, last(1), oomAt(7))), 6, ReasonGPUOOM, DirectionDown},
 		{"below minReplicas", cfg(func(c *Config) { c.MinReplicas = 3 }), node(2, time.Time{}, nil), 3, ReasonBelowMinimum, DirectionUp},
 		{"at maxReplicas", cfg(func(c *Config) { c.MaxReplicas = 4 }), node(4, time.Time{}, roomy), 4, ReasonAtMaximum, DirectionNone},
@@ -219,13 +234,13 @@ func TestDecide(t *testing.T) {
 		{"a pending pod asking for 2 with 1 free is demand", def,
 			func() Observation {
 				o := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 3, 4, servicePeaks)))
-				o.PendingRequest = 2
+				o.Pending = []PendingPod{{Workload: "train", Replicas: 2}}
 				return o
 			}(), 5, ReasonSustainedHeadroom, DirectionUp},
 		{"a pending pod that fits the free replicas is no demand", def,
 			func() Observation {
 				o := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 3, 4, servicePeaks)))
-				o.PendingRequest = 1
+				o.Pending = []PendingPod{{Workload: "train", Replicas: 1}}
 				return o
 			}(), 4, ReasonFreeReplicas, DirectionNone},
 	}
@@ -251,7 +266,7 @@ func TestDecideFootprintAndMessage(t *testing.T) {
 	if d.FootprintBytes != 8*GiB {
 		t.Errorf("footprint = %d, want the largest container peak %d", d.FootprintBytes, 8*GiB)
 	}
-	for _, want := range []string{"GPU-a6000", "fit 6 replicas", "8.0 GiB", "20.5 GiB", "4 -> 5"} {
+	for _, want := range []string{"GPU-a6000", "fit 5 replicas", "8.0 GiB", "20.5 GiB", "4 -> 5"} {
 		if !strings.Contains(d.Message, want) {
 			t.Errorf("message %q lacks %q", d.Message, want)
 		}
