@@ -122,7 +122,8 @@ func testConfig(mode, ns string) config.Config {
 	c.Apply.VerifyHold = time.Hour
 	c.LeaderElection.Namespace = ns
 	c.Policy = policy.Config{MinReplicas: 1, MaxReplicas: 8, MaxStepUp: 1, Window: time.Minute, Cooldown: 10 * time.Minute,
-		PressureWindow: 20 * time.Second, SampleInterval: 10 * time.Second, TargetUtilization: 0.9, PressureThreshold: 0.95}
+		PressureWindow: 20 * time.Second, SampleInterval: 10 * time.Second, TargetUtilization: 0.9, PressureThreshold: 0.95,
+		Remember: time.Hour, MaxWorkloads: 16}
 	c.Interval = 10 * time.Second
 	return c
 }

@@ -332,6 +332,9 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if pressed && sinceChange >= cfg.PressureWindow {
 		lower(pressTarget, ReasonMemoryPressure, pressMsg+fmt.Sprintf(", lowering %d -> %d", cur, pressTarget))
 	}
+	if to, msg := v.queueBacked(); to < cur {
+		lower(to, ReasonUnbackedReplicas, msg+fmt.Sprintf(", lowering %d -> %d", cur, to))
+	}
 	if to, msg := v.unbacked(); to < cur && sinceChange >= cfg.PressureWindow {
 		lower(to, ReasonUnbackedReplicas, msg+fmt.Sprintf(", lowering %d -> %d", cur, to))
 	}
@@ -402,9 +405,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 
 // demand prices the replicas a raise would hand out, in the order they would
 // be taken: one per replica of each pending pod that the free replicas do
-// not serve, each at its workload's remembered peak when that is known, else
-// at the largest footprint known (the window's or any remembered workload's:
-// a pod never seen may be as large as anything seen). With every replica
+// not serve, each at its price (price). With every replica
 // taken and nobody pending it is one replica at that largest footprint: the
 // next pod, whoever it is. A price of 0 means nothing is known to price it.
 // guess says whether a price is not the pod's own remembered peak.
@@ -417,12 +418,8 @@ func (v gpuView) demand(free int) (need []uint64, guess bool) {
 			free -= r
 			continue
 		}
-		price := unknown
-		if w := v.obs.Memory.Workloads[p.Workload]; w.Known(v.cfg) {
-			price = w.PeakBytes
-		} else {
-			guess = true
-		}
+		price, known := v.price(p, unknown)
+		guess = guess || !known
 		for range r - free {
 			need = append(need, price)
 		}
@@ -434,14 +431,70 @@ func (v gpuView) demand(free int) (need []uint64, guess bool) {
 	return need, guess
 }
 
-// unknownPrice is what a pod of no known workload is priced at: the largest
-// footprint of the window or of any remembered workload.
-func (v gpuView) unknownPrice() uint64 {
-	u := v.footprint
-	for _, w := range v.obs.Memory.Workloads {
-		u = max(u, w.PeakBytes)
+// price is what a pending pod is expected to use: its workload's
+// remembered peak when the record is Known, else unknown, the node's
+// largest footprint in the window (a pod never seen may be as large as
+// anything running here now). Known says which.
+func (v gpuView) price(p PendingPod, unknown uint64) (price uint64, known bool) {
+	if w := v.obs.Memory.Workloads[p.Workload]; w.Known(v.cfg) {
+		return w.PeakBytes, true
 	}
-	return u
+	return unknown, false
+}
+
+// unknownPrice is what a pod of no known workload is priced at: the node's
+// largest container peak in the window. Not every remembered workload's
+// peak: a record prices its own workload's pods, and pricing every stranger
+// at the largest peak of the last Remember would let one fine-tune a
+// fortnight ago hold every small job at its size (on the seed trace, ten
+// pods never started).
+func (v gpuView) unknownPrice() uint64 { return v.footprint }
+
+// queueBacked is the count that the memory left backs while pods wait: the
+// pods allocated at the latest sample plus as many of the pending pods, in
+// queue order and at their prices, as fit under TargetUtilization beside
+// the running pods at their remembered peaks; one less than allocated when
+// the running pods already pass it. A pod waiting takes a replica the moment
+// one is free, from a raise or from a pod that ends, before a sample can see
+// it; a count left above what the memory backs hands the next replica to a
+// pod that does not fit (the seed day's 20 GiB fine-tune that took, at
+// 12:50, the replica a 6 GiB job had just left). Lowering stops no running
+// pod, and the raise rule gives the replica back when the memory backs it.
+func (v gpuView) queueBacked() (int, string) {
+	if len(v.obs.Pending) == 0 || len(v.window) == 0 {
+		return v.cur, ""
+	}
+	s := v.window[len(v.window)-1]
+	unknown := v.unknownPrice()
+	if unknown == 0 || s.MemoryTotalBytes == 0 || s.ReplicasAllocated == 0 { // 0 allocated may be unknown
+		return v.cur, ""
+	}
+	budget := v.cfg.TargetUtilization*float64(s.MemoryTotalBytes) - float64(s.MemoryUsedBytes) - float64(v.growth(s))
+	free := max(v.cur-s.ReplicasAllocated, 0)
+	taken, backed := 0, 0 // of the free replicas, those the queue takes and those the memory backs
+	var next uint64
+	for i, p := range v.obs.Pending {
+		price, _ := v.price(p, unknown)
+		r := max(p.Replicas, 1)
+		if i == 0 {
+			next = price
+		}
+		if taken+r > free {
+			break // beyond the free replicas: the raise rule prices those
+		}
+		taken += r
+		if backed == taken-r && price > 0 && budget >= float64(price)*float64(r) {
+			budget -= float64(price) * float64(r)
+			backed += r
+		}
+	}
+	to := v.cur - (taken - backed)
+	if free == 0 && budget < 0 {
+		to = s.ReplicasAllocated - 1 // the next replica a pod leaves
+	}
+	to = max(to, v.cfg.MinReplicas, 1)
+	return to, fmt.Sprintf("%d pod(s) wait and %s of %s is used with %d allocated: the memory left backs %d of the %d replica(s) they would take next (the first priced %s)",
+		len(v.obs.Pending), gib(s.MemoryUsedBytes), gib(s.MemoryTotalBytes), s.ReplicasAllocated, backed, max(taken, 1), gib(next))
 }
 
 // unbacked is the count that the free replicas shrink to when, in every

@@ -190,6 +190,21 @@ func TestDecide(t *testing.T) {
 		{"free replicas the memory left cannot back are given up", def,
 			// 43.2 - 20.5 GiB backs two more pods of 8 GiB, not six
 			node(10, time.Time{}, roomy), 6, ReasonUnbackedReplicas, DirectionDown},
+		{"a replica a waiting pod would take is given up when the memory left cannot back it", def,
+			// 40.5 GiB used with 5 allocated: 2.7 GiB left under 90%, the
+			// stranger in the queue is priced at the 20 GiB fine-tune
+			waiting(1, node(6, now.Add(-time.Minute), history(10*time.Minute, steady(40*GiB+GiB/2, 5, 6, withPeak(servicePeaks, "ml/lora/train", 20*GiB))))),
+			5, ReasonUnbackedReplicas, DirectionDown},
+		{"a full node with pods waiting keeps its count while the memory backs the next", def,
+			waiting(3, node(5, now.Add(-time.Minute), history(10*time.Minute, steady(28*GiB, 5, 5, withPeak(servicePeaks, "ml/esrgan/up", 7*GiB))))),
+			5, ReasonCooldown, DirectionNone},
+		{"running pods past the target with pods waiting: the next replica left is given up", def,
+			waiting(1, node(6, now.Add(-time.Minute), history(10*time.Minute, steady(44*GiB, 6, 6, withPeak(servicePeaks, "ml/lora/train", 18*GiB))))),
+			5, ReasonUnbackedReplicas, DirectionDown},
+		{"replicas beyond those the queue takes are left to the idle rule", def,
+			// two free, one pod waiting and backed (6 GiB of 22.7 left)
+			waiting(1, node(6, now.Add(-time.Minute), history(10*time.Minute, steady(servicesUsed, 4, 6, servicePeaks)))),
+			6, ReasonFreeReplicas, DirectionNone},
 		{"OOM below maxReplicas names the OOM", def, node(10, time.Time{}, with(roomy, last(1), oomAt(7))), 6, ReasonGPUOOM, DirectionDown},
 		{"below minReplicas", cfg(func(c *Config) { c.MinReplicas = 3 }), node(2, time.Time{}, nil), 3, ReasonBelowMinimum, DirectionUp},
 		{"at maxReplicas", cfg(func(c *Config) { c.MaxReplicas = 4 }), node(4, time.Time{}, roomy), 4, ReasonAtMaximum, DirectionNone},
@@ -438,4 +453,13 @@ func BenchmarkDecideRound(b *testing.B) {
 			Decide(cfg, obs)
 		}
 	}
+}
+
+// withPeak is peaks with one more container.
+func withPeak(peaks map[string]uint64, c string, p uint64) map[string]uint64 {
+	out := map[string]uint64{c: p}
+	for k, v := range peaks {
+		out[k] = v
+	}
+	return out
 }

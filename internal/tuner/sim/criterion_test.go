@@ -11,17 +11,6 @@ import (
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 )
 
-// knownMisses are the traces on which the tuner misses the bar today, each
-// with its measured numbers (raise OOMs, OOMs), so that the test fails when
-// a miss is fixed (remove it here) or grows. They are open work, not
-// accepted results.
-var knownMisses = map[string]struct {
-	raiseOOMs, ooms int
-	why             string
-}{
-	"seed-a6000": {1, 1, "the first 20 GiB fine-tune of the day, larger than anything seen before, grows in a replica raised at 1h for a 6 GiB job (12:55)"},
-}
-
 var printTable = flag.Bool("table", false, "print docs/tuner-policy.md's table of tuner vs every static count")
 
 // TestCriterion holds the tuner with its defaults to issue 12's bar on every
@@ -61,16 +50,10 @@ func TestCriterion(t *testing.T) {
 			for n := 1; n <= 16; n++ {
 				static[n] = mustRun(t, tr, Static{Replicas: n})
 			}
-			if miss, ok := knownMisses[name]; ok {
-				if got.RaiseOOMEvents != miss.raiseOOMs || got.OOMEvents != miss.ooms {
-					t.Errorf("known miss changed: %d raise OOMs of %d, documented %d of %d (%s)",
-						got.RaiseOOMEvents, got.OOMEvents, miss.raiseOOMs, miss.ooms, miss.why)
-				}
-				t.Logf("known miss: %s", miss.why)
-			} else if got.RaiseOOMEvents > 0 {
+			if got.RaiseOOMEvents > 0 {
 				t.Errorf("%d of the tuner's %d OOM events came after a raise let more pods in", got.RaiseOOMEvents, got.OOMEvents)
 			}
-			if init := static[min(tr.InitialReplicas, 16)]; got.OOMEvents > init.OOMEvents && knownMisses[name].ooms == 0 {
+			if init := static[min(tr.InitialReplicas, 16)]; got.OOMEvents > init.OOMEvents {
 				t.Errorf("tuner: %d OOM events, leaving the initial %d replicas alone: %d", got.OOMEvents, tr.InitialReplicas, init.OOMEvents)
 			}
 			row := fmt.Sprintf("| `%s` | %d (%d) | %.0f (%.0f) |", name, got.OOMEvents, got.RaiseOOMEvents, got.PodSecondsPending, got.PodSecondsPendingWarmup)
