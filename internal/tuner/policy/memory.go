@@ -19,6 +19,14 @@ type Memory struct {
 	// Workloads maps a workload key (Observation.ContainerWorkloads) to what
 	// was seen of it.
 	Workloads map[string]WorkloadMemory `json:"workloads,omitempty"`
+	// Base is the count the tuner has not raised: the count it first found,
+	// lowered by every lowering that evidence forced (an OOM, pressure,
+	// maxReplicas) and raised to the minimum; 0 before the first round.
+	// Replicas above it are the tuner's own bets, and only those may be
+	// withdrawn on a guess about pods not seen yet (Decide's unbacked
+	// rules): the count the operator chose, or that an OOM proved, was not
+	// the tuner's to give back.
+	Base int `json:"base,omitempty"`
 }
 
 // WorkloadMemory is one workload's record.
@@ -47,7 +55,7 @@ func (w WorkloadMemory) Known(cfg Config) bool { return w.Seen >= cfg.Window && 
 // A container whose key obs.ContainerWorkloads does not map is remembered
 // under its own key: it still prices itself while it runs.
 func Remember(cfg Config, mem Memory, obs Observation) Memory {
-	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads)}
+	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads), Base: mem.Base}
 	if out.Workloads == nil {
 		out.Workloads = map[string]WorkloadMemory{}
 	}
@@ -126,5 +134,15 @@ func later(a, b time.Time) time.Time {
 // it, so that the replay runs what the cluster runs.
 func Round(cfg Config, obs Observation) (Decision, Memory) {
 	obs.Memory = Remember(cfg, obs.Memory, obs)
-	return Decide(cfg, obs), obs.Memory
+	if obs.Memory.Base == 0 {
+		obs.Memory.Base = obs.CurrentReplicas
+	}
+	d := Decide(cfg, obs)
+	switch d.Reason {
+	case ReasonGPUOOM, ReasonMemoryPressure, ReasonAboveMaximum:
+		obs.Memory.Base = min(obs.Memory.Base, d.Replicas)
+	case ReasonBelowMinimum:
+		obs.Memory.Base = max(obs.Memory.Base, d.Replicas)
+	}
+	return d, obs.Memory
 }

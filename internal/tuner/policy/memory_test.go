@@ -82,3 +82,37 @@ func TestRemember(t *testing.T) {
 		t.Errorf("Remember changed its input")
 	}
 }
+
+// Base is the count the tuner found, lowered only by evidence: replicas it
+// raised are its bets and may be withdrawn on a guess, the operator's are
+// not.
+func TestRoundBase(t *testing.T) {
+	def := DefaultConfig()
+	// Six free replicas on the seed services, none of them backed by 8 GiB
+	// pods beyond two: the unbacked rule would go to 6.
+	roomy := history(10*time.Minute, steady(servicesUsed, 4, 10, servicePeaks))
+	tests := []struct {
+		name     string
+		base     int
+		cur      int
+		ss       []Sample
+		replicas int
+		wantBase int
+	}{
+		{"the first round takes the count it finds as the base", 0, 10, roomy, 10, 10},
+		{"raised replicas above the base are withdrawn", 4, 10, roomy, 6, 4},
+		{"withdrawal stops at the base", 8, 10, roomy, 8, 8},
+		{"an OOM lowers the base with the count", 8, 8, with(history(10*time.Minute, steady(servicesUsed, 8, 8, servicePeaks)), last(1),
+			func(s *Sample) { s.OOMEvents, s.MemoryUsedBytes = 1, 46*GiB }), 7, 7},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := node(tc.cur, time.Time{}, tc.ss)
+			o.Memory = Memory{Base: tc.base}
+			d, mem := Round(def, o)
+			if d.Replicas != tc.replicas || mem.Base != tc.wantBase {
+				t.Errorf("Round = %d replicas (%s: %s), base %d; want %d, base %d", d.Replicas, d.Reason, d.Message, mem.Base, tc.replicas, tc.wantBase)
+			}
+		})
+	}
+}

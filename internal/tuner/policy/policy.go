@@ -489,10 +489,12 @@ func (v gpuView) queueBacked() (int, string) {
 		}
 	}
 	to := v.cur - (taken - backed)
-	if free == 0 && budget < 0 {
-		to = s.ReplicasAllocated - 1 // the next replica a pod leaves
+	if free == 0 && float64(s.MemoryUsedBytes) > v.cfg.TargetUtilization*float64(s.MemoryTotalBytes) {
+		// Measured, not projected: the pods running now are past the
+		// target, and the next replica a pod leaves is not handed on.
+		to = s.ReplicasAllocated - 1
 	}
-	to = max(to, v.cfg.MinReplicas, 1)
+	to = max(to, v.cfg.MinReplicas, v.obs.Memory.Base, 1)
 	return to, fmt.Sprintf("%d pod(s) wait and %s of %s is used with %d allocated: the memory left backs %d of the %d replica(s) they would take next (the first priced %s)",
 		len(v.obs.Pending), gib(s.MemoryUsedBytes), gib(s.MemoryTotalBytes), s.ReplicasAllocated, backed, max(taken, 1), gib(next))
 }
@@ -529,7 +531,7 @@ func (v gpuView) unbacked() (int, string) {
 		}
 		to, last = max(to, s.ReplicasAllocated+backed), s
 	}
-	to = max(to, v.cfg.MinReplicas, 1)
+	to = max(to, v.cfg.MinReplicas, v.obs.Memory.Base, 1)
 	return to, fmt.Sprintf("for %s %d of %d replicas were free and the memory left (%s of %s used with %d allocated) backs %d more pod(s) of %s",
 		v.cfg.PressureWindow, v.cur-last.ReplicasAllocated, v.cur, gib(last.MemoryUsedBytes), gib(last.MemoryTotalBytes),
 		last.ReplicasAllocated, to-last.ReplicasAllocated, gib(u))
