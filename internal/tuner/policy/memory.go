@@ -25,7 +25,8 @@ type Memory struct {
 	// Replicas above it are the tuner's own bets, and only those may be
 	// withdrawn on a guess about pods not seen yet (Decide's unbacked
 	// rules): the count the operator chose, or that an OOM proved, was not
-	// the tuner's to give back.
+	// the tuner's to give back. Round keeps it; 0 (Decide without Round)
+	// sets no floor.
 	Base int `json:"base,omitempty"`
 }
 

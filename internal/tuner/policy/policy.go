@@ -57,21 +57,55 @@
 //     of the last change (an OOM is never held back).
 //   - Above MaxReplicas: lowered to MaxReplicas.
 //
+// Withdrawing, at once (UnbackedReplicas): replicas the tuner raised and
+// the memory left cannot back are given back, never below Memory.Base, the
+// count the tuner found, lowered only by the evidence above (an OOM,
+// pressure, MaxReplicas): the operator's count and the one an OOM proved
+// are not the tuner's to give back on a guess about pods not seen yet. The
+// memory left is TargetUtilization × total less the used memory and less
+// what running pods may still grow to their workloads' remembered peaks.
+//   - Pods waiting. A waiting pod takes a free replica the moment one is
+//     free, before any sample sees it, so while pods wait the free replicas
+//     they would take are kept only as far as the memory left backs them at
+//     the waiting pods' prices, in queue order; and when the measured memory
+//     (not the projection) already passes the target, the next replica a pod
+//     leaves is not handed on (allocated − 1). On the seed trace a 20 GiB
+//     fine-tune took, at 12:50, the replica a 6 GiB job had just left, beside
+//     services at their daytime peaks, and crashed; with this rule it waits.
+//   - Nobody waiting. Free replicas that the memory left has not backed, each
+//     priced as a pod of unknown size, in every sample of the last
+//     PressureWindow, and no change within PressureWindow.
+//
 // Raising, by at most MaxStepUp and never past MaxReplicas or the capacity,
 // only when all of these hold: no sharing OOM in the window; the samples
-// cover the whole window; Cooldown has passed since the last change; the
-// latest sample advertises the current count (the last change has taken
-// effect); and a pod needs a replica: every replica is allocated in the
-// latest sample, or a pending pod asks for more replicas than are free
-// (Observation.PendingRequest). Without demand a raise into free replicas
-// helps nobody now and bets on later memory with today's numbers: on the
-// seed trace, raising into free replicas carried a quiet night's 8 replicas
-// into the day and cost 18 OOM events instead of 3. Below the minimum the
-// count is raised to it at once.
+// cover the whole window; the latest sample advertises the current count
+// (the last change has taken effect); a pod needs a replica: a pending pod
+// (Observation.Pending) asks for more replicas than are free, or, with nobody
+// pending, every replica is allocated; and Cooldown has passed since the last
+// change when a pod the raise admits is priced by a guess. Without demand a
+// raise into free replicas helps nobody now and bets on later memory with
+// today's numbers: on the seed trace, raising into free replicas carried a
+// quiet night's 8 replicas into the day and cost 18 OOM events instead of 3.
+// Below the minimum the count is raised to it at once.
 //
-// The footprint F that prices a raise is the node's, the largest container
-// peak on any of its GPUs: a new replica may go to any pod, and the pod a
-// GPU has not seen yet is the one that overflows it.
+// Prices. A raise is sized for the pods it admits, in queue order: a pod of
+// a workload whose record (Memory, kept by Remember across windows and
+// restarts) was watched for a whole Window is priced at the workload's
+// remembered peak; any other pod, and the next pod when every replica is
+// taken and nobody waits, at the node's largest container peak in the
+// window (a new replica may go to any pod, and the pod a GPU has not seen
+// yet is the one that overflows it). Not at every remembered workload's
+// peak: a record prices its own workload's pods, and one fine-tune a
+// fortnight ago would otherwise hold every small job at its size (on the
+// seed trace: 403,170 pod-seconds pending and ten pods never started,
+// against 199,695 and two). A raise may add as many replicas as the waiting
+// pods need and the capacity holds (MaxStepUp, 16 by default, only bounds
+// it), and never gives a workload the count at which it OOMed on a full GPU
+// within Remember (RememberedOOM), so that a job returning daily does not
+// cycle through raise, OOM and lower.
+//
+// The footprint F that prices free replicas is the node's, the largest
+// container peak on any of its GPUs.
 //
 // GPUs the config leaves out of time-slicing (GPUObservation.Exclusive) are
 // not judged: their count does not follow the node's, so they never wait
