@@ -73,8 +73,11 @@
 //     fine-tune took, at 12:50, the replica a 6 GiB job had just left, beside
 //     services at their daytime peaks, and crashed; with this rule it waits.
 //   - Nobody waiting. Free replicas that the memory left has not backed, each
-//     priced as a pod of unknown size, in every sample of the last
-//     PressureWindow, and no change within PressureWindow.
+//     priced as a pod of unknown size, in every sample of the last Window,
+//     and no change within Window: the same span of evidence a raise needs,
+//     so that an idle replica is not given back and raised for again every
+//     quarter hour (on the week of family-48g-week: 80 changes instead of 91
+//     and 19,738 pod-seconds pending instead of 26,384 with PressureWindow).
 //
 // Raising, by at most MaxStepUp and never past MaxReplicas or the capacity,
 // only when all of these hold: no sharing OOM in the window; the samples
@@ -369,7 +372,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if to, msg := v.queueBacked(); to < cur {
 		lower(to, ReasonUnbackedReplicas, msg+fmt.Sprintf(", lowering %d -> %d", cur, to))
 	}
-	if to, msg := v.unbacked(); to < cur && sinceChange >= cfg.PressureWindow {
+	if to, msg := v.unbacked(); to < cur && sinceChange >= cfg.Window {
 		lower(to, ReasonUnbackedReplicas, msg+fmt.Sprintf(", lowering %d -> %d", cur, to))
 	}
 	if cur > cfg.MaxReplicas {
@@ -534,7 +537,7 @@ func (v gpuView) queueBacked() (int, string) {
 }
 
 // unbacked is the count that the free replicas shrink to when, in every
-// sample of the last PressureWindow, the memory left under
+// sample of the last Window, the memory left under
 // TargetUtilization (running pods at their remembered peaks) could not back
 // them, each priced as a pod of unknown size. A free replica is a promise of
 // room to whichever pod comes next: one raised for a 3 GiB job at night and
@@ -542,7 +545,7 @@ func (v gpuView) queueBacked() (int, string) {
 // services that grew meanwhile, breaks it. Lowering stops no running pod,
 // and a pod of a known workload gets its replica back at the next sample.
 func (v gpuView) unbacked() (int, string) {
-	from := v.now.Add(-v.cfg.PressureWindow)
+	from := v.now.Add(-v.cfg.Window)
 	ss := within(v.window, from, v.now)
 	u := v.unknownPrice()
 	if u == 0 || !covers(ss, from, v.now, v.cfg.SampleInterval) {

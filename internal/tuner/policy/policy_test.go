@@ -190,6 +190,10 @@ func TestDecide(t *testing.T) {
 		{"free replicas the memory left cannot back are given up", def,
 			// 43.2 - 20.5 GiB backs two more pods of 8 GiB, not six
 			node(10, time.Time{}, roomy), 6, ReasonUnbackedReplicas, DirectionDown},
+		{"free replicas idle for less than a window are kept", def,
+			node(10, time.Time{}, with(history(10*time.Minute, steady(servicesUsed, 4, 10, servicePeaks)),
+				func(i int, _ Sample) bool { return i < 20 }, func(s *Sample) { s.ReplicasAllocated = 10 })),
+			10, ReasonFreeReplicas, DirectionNone},
 		{"a replica a waiting pod would take is given up when the memory left cannot back it", def,
 			// 40.5 GiB used with 5 allocated: 2.7 GiB left under 90%, the
 			// stranger in the queue is priced at the 20 GiB fine-tune
