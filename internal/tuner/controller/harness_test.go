@@ -3,6 +3,7 @@ package controller
 import (
 	"github.com/gpuslice/gpuslice/internal/testproc"
 
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -53,6 +54,8 @@ type signal struct {
 	// oomAt puts one full-device OOM event on GPU 0 in the sample at that
 	// time.
 	oomAt time.Time
+	// container is the key of the one container measured; "" is ml/a/main.
+	container string
 }
 
 // fakeSource produces a full window of identical samples per node ending
@@ -77,15 +80,16 @@ func (f *fakeSource) Observe(_ context.Context, now time.Time, window time.Durat
 	defer f.mu.Unlock()
 	out := map[string][]policy.GPUObservation{}
 	for node, s := range f.nodes {
+		ctr := cmp.Or(s.container, "ml/a/main")
 		for g := range s.gpus {
 			obs := policy.GPUObservation{UUID: fmt.Sprintf("GPU-%s-%d", node, g)}
 			for t := now.Add(-window); !t.After(now); t = t.Add(f.interval) {
 				smp := policy.Sample{Time: t, MemoryTotalBytes: 48 * gib, MemoryUsedBytes: s.used,
-					ContainerPeaks: map[string]uint64{"ml/a/main": s.peak}, ReplicasAdvertised: s.advertised, ReplicasAllocated: s.allocated}
+					ContainerPeaks: map[string]uint64{ctr: s.peak}, ReplicasAdvertised: s.advertised, ReplicasAllocated: s.allocated}
 				if g == 0 && !s.oomAt.IsZero() && !t.Before(s.oomAt) && t.Before(s.oomAt.Add(f.interval)) {
 					// The exporter says the GPU was full (the fake's used
 					// memory is the level between OOMs).
-					smp.OOMEvents, smp.OOMs = 1, []policy.OOM{{Container: "ml/a/main", Kind: policy.OOMDevice}}
+					smp.OOMEvents, smp.OOMs = 1, []policy.OOM{{Container: ctr, Kind: policy.OOMDevice}}
 				}
 				obs.Samples = append(obs.Samples, smp)
 			}
@@ -121,6 +125,7 @@ func testConfig(mode, ns string) config.Config {
 	c.Apply.PropagationDelay = 0
 	c.Apply.VerifyHold = time.Hour
 	c.LeaderElection.Namespace = ns
+	c.WorkloadMemory.ConfigMap.Namespace = ns
 	c.Policy = policy.Config{MinReplicas: 1, MaxReplicas: 8, MaxStepUp: 1, Window: time.Minute, Cooldown: 10 * time.Minute,
 		PressureWindow: 20 * time.Second, SampleInterval: 10 * time.Second, TargetUtilization: 0.9, PressureThreshold: 0.95,
 		Remember: time.Hour, MaxWorkloads: 16}

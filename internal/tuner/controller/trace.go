@@ -32,10 +32,11 @@ func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, n
 	if span.IsRecording() {
 		span.SetAttributes(inputAttributes(w.gpus, lastChange, now.Add(-c.cfg.Policy.Window))...)
 	}
-	d := policy.Decide(c.cfg.Policy, policy.Observation{
+	d, mem := policy.Round(c.cfg.Policy, policy.Observation{
 		Node: w.node.Name, Now: now, CurrentReplicas: cur, LastChange: lastChange, GPUs: w.gpus, Floor: floor,
-		Pending: pending,
+		Pending: pending, ContainerWorkloads: c.owners.containerWorkloads(ctx, now, w.gpus), Memory: c.mem.get(w.node.Name),
 	})
+	c.mem.put(w.node.Name, mem)
 	span.SetAttributes(
 		attribute.Int("gpuslice.replicas.decided", d.Replicas),
 		attribute.String("gpuslice.direction", d.Direction),
