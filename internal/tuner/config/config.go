@@ -65,6 +65,10 @@ type Config struct {
 	// each workload's VRAM peak and the counts it OOMed at) is kept across
 	// restarts and leader changes.
 	WorkloadMemory WorkloadMemory `yaml:"workloadMemory"`
+	// IdleHolderAfter is how long a container holding a replica must have
+	// run no kernel for the tuner to name it, as an idle holder, in the
+	// Event it puts on a pod waiting for a replica it does not raise for.
+	IdleHolderAfter time.Duration `yaml:"idleHolderAfter"`
 	// Policy is the `policy:` section, decoded by policy.Config's own
 	// UnmarshalYAML over policy.DefaultConfig (as policy.ConfigFromYAML
 	// does for `simulate --config`).
@@ -224,6 +228,7 @@ func Default() Config {
 			VerifyTimeout:    3 * time.Minute,
 			VerifyHold:       time.Hour,
 		},
+		IdleHolderAfter: time.Hour,
 		WorkloadMemory: WorkloadMemory{
 			ConfigMap:    ObjectRef{Namespace: "gpuslice", Name: "gpuslice-tuner-memory"},
 			SaveInterval: 5 * time.Minute,
@@ -282,6 +287,9 @@ func (c Config) Validate() error {
 			bad("leaderElection: want 0 < retryPeriod < renewDeadline < leaseDuration, got %s, %s, %s",
 				le.RetryPeriod, le.RenewDeadline, le.LeaseDuration)
 		}
+	}
+	if c.IdleHolderAfter <= 0 {
+		bad("idleHolderAfter must be > 0, got %s", c.IdleHolderAfter)
 	}
 	if m := c.WorkloadMemory; m.ConfigMap.Name != "" {
 		name(bad, "workloadMemory.configMap.namespace", m.ConfigMap.Namespace)

@@ -170,6 +170,10 @@ type Controller struct {
 	// names the workloads of the measured containers (workload.go).
 	mem    *memoryStore
 	owners *owners
+	// idle is this round's idle replica holders per node; explained the
+	// WaitingForReplica Events given (explain.go).
+	idle      map[string][]signals.IdleHolder
+	explained map[string]explained
 
 	// state is per node, touched only by the goroutine running rounds.
 	state map[string]*nodeState
@@ -218,6 +222,7 @@ func New(o Options) (*Controller, error) {
 	c.pods = c.podInformers.Core().V1().Pods().Lister()
 	c.mem = newMemoryStore(c)
 	c.owners = &owners{client: c.client, cache: c.pods, known: map[string]ownerEntry{}, log: c.log}
+	c.explained = map[string]explained{}
 	return c, nil
 }
 
@@ -389,6 +394,8 @@ func (c *Controller) round(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gathering signals: %w", err)
 	}
+	c.gatherIdle(ctx, now)
+	c.forgetExplained(now)
 	if err := c.mem.load(ctx); err != nil {
 		// Decide from the record in memory; nothing is saved until a
 		// read succeeds.

@@ -5,6 +5,7 @@ import (
 
 	"cmp"
 	"context"
+	"maps"
 	"fmt"
 	"net/http"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/gpuslice/gpuslice/internal/testenv"
 	"github.com/gpuslice/gpuslice/internal/tuner/config"
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+	"github.com/gpuslice/gpuslice/internal/tuner/signals"
 )
 
 const gib = uint64(1) << 30
@@ -64,6 +66,23 @@ type fakeSource struct {
 	mu       sync.Mutex
 	interval time.Duration
 	nodes    map[string]signal
+	idle     map[string][]signals.IdleHolder
+}
+
+// IdleHolders implements signals.IdleSource.
+func (f *fakeSource) IdleHolders(context.Context, time.Time) (map[string][]signals.IdleHolder, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.idle), nil
+}
+
+func (f *fakeSource) setIdle(node string, hs ...signals.IdleHolder) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.idle == nil {
+		f.idle = map[string][]signals.IdleHolder{}
+	}
+	f.idle[node] = hs
 }
 
 func (f *fakeSource) set(node string, s signal) {

@@ -36,6 +36,20 @@ func pendingPods(c *Controller) informers.SharedInformerFactory {
 // a pod they keep off the node still counts, and can earn the node a raise
 // it will not use.
 func (c *Controller) pendingPods(node *corev1.Node, resource string) []policy.PendingPod {
+	return asPending(c.waitingPods(node, resource), resource)
+}
+
+// asPending is the policy's view of waiting pods.
+func asPending(waiting []*corev1.Pod, resource string) []policy.PendingPod {
+	out := make([]policy.PendingPod, 0, len(waiting))
+	for _, p := range waiting {
+		out = append(out, policy.PendingPod{Workload: workloadKey(p), Replicas: int(podRequest(p, corev1.ResourceName(resource)))})
+	}
+	return out
+}
+
+// waitingPods are the pods behind pendingPods, oldest first.
+func (c *Controller) waitingPods(node *corev1.Node, resource string) []*corev1.Pod {
 	if c.pods == nil {
 		return nil
 	}
@@ -46,7 +60,7 @@ func (c *Controller) pendingPods(node *corev1.Node, resource string) []policy.Pe
 	slices.SortFunc(pods, func(a, b *corev1.Pod) int {
 		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
-	var out []policy.PendingPod
+	var out []*corev1.Pod
 	for _, p := range pods {
 		if !unschedulable(p) {
 			continue
@@ -57,8 +71,8 @@ func (c *Controller) pendingPods(node *corev1.Node, resource string) []policy.Pe
 		if len(p.Spec.NodeSelector) > 0 && !labels.SelectorFromSet(p.Spec.NodeSelector).Matches(labels.Set(node.Labels)) {
 			continue
 		}
-		if n := podRequest(p, corev1.ResourceName(resource)); n > 0 {
-			out = append(out, policy.PendingPod{Workload: workloadKey(p), Replicas: int(n)})
+		if podRequest(p, corev1.ResourceName(resource)) > 0 {
+			out = append(out, p)
 		}
 	}
 	return out

@@ -2,10 +2,10 @@ package controller
 
 import (
 	"context"
-	"maps"
-	"slices"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"

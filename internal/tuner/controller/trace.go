@@ -20,7 +20,8 @@ const SpanDecide = "gpuslice.tuner.decide"
 // resource is what the node's current config advertises its GPUs under,
 // the resource pending pods must ask for to count as its demand.
 func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, now time.Time, floor int, resource string) (policy.Decision, trace.Span) {
-	pending := c.pendingPods(w.node, resource)
+	waiting := c.waitingPods(w.node, resource)
+	pending := asPending(waiting, resource)
 	_, span := c.tracer.Start(ctx, SpanDecide, trace.WithAttributes(
 		attribute.String("k8s.node.name", w.node.Name),
 		attribute.Int("gpuslice.replicas.current", cur),
@@ -37,6 +38,7 @@ func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, n
 		Pending: pending, ContainerWorkloads: c.owners.containerWorkloads(ctx, now, w.gpus), Memory: c.mem.get(w.node.Name),
 	})
 	c.mem.put(w.node.Name, mem)
+	c.explainWaiting(w, waiting, resource, cur, d, now)
 	span.SetAttributes(
 		attribute.Int("gpuslice.replicas.decided", d.Replicas),
 		attribute.String("gpuslice.direction", d.Direction),
