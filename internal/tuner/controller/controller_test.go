@@ -328,8 +328,13 @@ sharing:
 		h.setAllocatable("rs-b", "nvidia.com/gpu", 2)
 		h.round() // verified
 
-		h.advance(11 * time.Minute) // past the cooldown, the OOM out of the window
-		h.src.set("rs-b", headroom(2))
+		// Past the cooldown, the OOM out of the window, and the workload
+		// that OOMed at 2 gone: the tuner remembers that ml/a OOMed with 2
+		// pods (policy.Memory) and would not give it 2 again soon.
+		h.advance(11 * time.Minute)
+		back := headroom(2)
+		back.container = "ml/b/main"
+		h.src.set("rs-b", back)
 		h.node("rs-c", mine, 2) // a GPU node whose exporter is down
 		h.round()
 		if r := h.record("rs-a"); r.Reason != ReasonNodesWithoutSignals || r.Replicas != 1 || !strings.Contains(r.Message, "rs-c") {
