@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -35,10 +34,7 @@ type familyPod struct {
 // family builds one trace. Every random choice comes from its own seeded
 // source, so a trace is the same on every machine and for every Go release.
 type family struct {
-	name, about string
-	// open says the tuner misses the bar on it (TestCriterion): it is
-	// written under test/traces/open, replayed and reported, not asserted.
-	open           bool
+	name, about    string
 	total          uint64
 	initial        int
 	duration       time.Duration
@@ -122,8 +118,6 @@ func families() []*family {
 	// 12 GiB: a desktop card, a night burst of thumbnail and transcription jobs.
 	f := newFamily("family-12g-night-burst", "A 12 GiB card: a 2.5 GiB detector all day, and at 01:00 a burst of\n40 small jobs (thumbnails 0.7-1.5 GiB, transcription 2-3 GiB) queued at once.",
 		gpu12, 2, 12*h, 1201)
-	// Open: static:5 from 0s beats the ramp from 2 while the burst's sizes are learnt.
-	f.open = true
 	f.service("detector", [][2]uint64{{0, 2 * gib}, {600, 2*gib + gib/2}})
 	for i := range 40 {
 		if i%3 == 2 {
@@ -137,9 +131,6 @@ func families() []*family {
 	// 24 GiB: two big models and their side jobs (the 4 -> 2 case).
 	f = newFamily("family-24g-big-models", "A 24 GiB card: two LLM servers at 9-10 GiB all day, and embedding and\nevaluation jobs (1-4 GiB) through the day. Two models and two small jobs fit;\nthree 9 GiB models would not.",
 		gpu24, 4, 24*h, 2402)
-	// Open: at 09:17 the two models and two jobs hold 96.9% for 2 minutes
-	// and pressure lowers 4 -> 3; static:4 never OOMs and nobody waits.
-	f.open = true
 	f.service("llm-chat", [][2]uint64{{0, 8 * gib}, {uint64((9 * h).Seconds()), 10 * gib}, {uint64((18 * h).Seconds()), 8 * gib}})
 	f.service("llm-code", [][2]uint64{{0, 9 * gib}})
 	for t := 30 * m; t < 24*h; t += f.jitter(40*m, 0.5) {
@@ -238,9 +229,6 @@ func TestFamily(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			got := f.yaml()
 			path := tracePath(f.name + ".yaml")
-			if f.open {
-				path = tracePath(filepath.Join("open", f.name+".yaml"))
-			}
 			if *updateFamily {
 				if err := os.WriteFile(path, got, 0o644); err != nil {
 					t.Fatal(err)

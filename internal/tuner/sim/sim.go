@@ -20,8 +20,10 @@
 // controller samples it: total and used memory at the tick, each container's
 // peak since the previous tick, OOM events since the previous tick, replicas
 // advertised and allocated. The policy sees the samples of its History
-// window in a policy.Observation, so `tuner` runs policy.Decide itself. A
-// change takes effect at once.
+// window and the pods waiting, with their workload keys, in a
+// policy.Observation, so `tuner` runs policy.Round itself, carrying the
+// workload memory from tick to tick as the controller does from round to
+// round. A change takes effect at once.
 package sim
 
 import (
@@ -60,7 +62,7 @@ type Policy interface {
 	Decide(obs policy.Observation) policy.Decision
 }
 
-// Tuner is the tuner's own policy, policy.Decide with Config.
+// Tuner is the tuner's own policy, policy.Round with Config.
 type Tuner struct{ Config policy.Config }
 
 func (Tuner) Name() string                                    { return "tuner" }
