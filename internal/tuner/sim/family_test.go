@@ -29,6 +29,9 @@ type familyPod struct {
 	name, workload string
 	arrive, run    time.Duration
 	memory         [][2]uint64 // [offset in seconds, bytes]
+	// resident marks a service's pod (generate_test.go bounds what they
+	// hold together).
+	resident bool
 }
 
 // family builds one trace. Every random choice comes from its own seeded

@@ -147,6 +147,8 @@ type Result struct {
 	MinReplicas       int      `json:"minReplicas"`
 	MaxReplicas       int      `json:"maxReplicas"`
 	Changes           []Change `json:"changes"`
+	// waits is each pod's time pending, in trace order (TestReplay).
+	waits []time.Duration
 }
 
 // Change is one replica change.
@@ -423,7 +425,13 @@ func (r *replay) beforeWarm(from, to time.Duration) time.Duration {
 func (r *replay) finish() {
 	end := r.tr.Duration
 	var runningTime time.Duration
-	for _, p := range r.pods {
+	r.res.waits = make([]time.Duration, len(r.pods))
+	for i, p := range r.pods {
+		if p.state == waiting {
+			r.res.waits[i] = end - p.Arrive
+		} else if p.state != notArrived {
+			r.res.waits[i] = p.admitted - p.Arrive
+		}
 		switch p.state {
 		case waiting:
 			r.pending += end - p.Arrive
