@@ -170,8 +170,8 @@ func (v gpuView) price(p PendingPod) (price uint64, known bool) {
 // leaking service is small when it starts and fills the GPU a day later:
 // priced at what it needs a Window in, the fourth service on a 12 GiB card
 // that holds three takes the replica a stranger left and crash-loops for
-// days (233 OOM events on a generated week); priced at what it grew to over
-// its life, it waits for the room.
+// days (233 OOM events on a generated week, services unbounded); priced at
+// what it grew to over its life, it waits for the room.
 func (v gpuView) horizon(p PendingPod) time.Duration {
 	w := v.obs.Memory.Workloads[p.Workload]
 	if !w.Known(v.cfg) {

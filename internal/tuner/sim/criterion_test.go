@@ -1,13 +1,49 @@
 package sim
 
 import (
+	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 )
+
+var updateDocs = flag.Bool("update-docs", false, "rewrite the criterion tables in docs/tuner-policy.md")
+
+// docsPath is docs/tuner-policy.md, which keeps the criterion tables.
+var docsPath = filepath.Join("..", "..", "..", "docs", "tuner-policy.md")
+
+// docSection checks that the part of docs/tuner-policy.md between the lines
+// "<!-- begin name -->" and "<!-- end name -->" is want, or, with
+// -update-docs, rewrites it: the tables there are this test's output, and a
+// stale one fails.
+func docSection(t *testing.T, name, want string) {
+	t.Helper()
+	data, err := os.ReadFile(docsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin, end := "<!-- begin "+name+" -->\n", "<!-- end "+name+" -->"
+	i, j := strings.Index(string(data), begin), strings.Index(string(data), end)
+	if i < 0 || j < i {
+		t.Fatalf("%s has no %q ... %q section", docsPath, strings.TrimSpace(begin), end)
+	}
+	got := string(data[i+len(begin) : j])
+	if got == want {
+		return
+	}
+	if !*updateDocs {
+		t.Errorf("the %s table in %s is stale: run go test ./internal/tuner/sim -run %s -update-docs", name, docsPath, t.Name())
+		return
+	}
+	out := string(data[:i+len(begin)]) + want + string(data[j:])
+	if err := os.WriteFile(docsPath, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // verdict is one trace replayed under the tuner with its defaults and under
 // every static count 1..16, judged by issue 12's bar.
@@ -106,8 +142,8 @@ func tableHead() string {
 }
 
 // TestCriterion holds the tuner with its defaults to issue 12's bar (judge)
-// on every trace under test/traces; with -v it logs the table of the
-// results.
+// on every trace under test/traces, and keeps the table of the results in
+// docs/tuner-policy.md (-update-docs rewrites it).
 func TestCriterion(t *testing.T) {
 	shipped, err := filepath.Glob(tracePath("*.yaml"))
 	if err != nil || len(shipped) == 0 {
@@ -126,7 +162,5 @@ func TestCriterion(t *testing.T) {
 			table.WriteString(v.row(name))
 		})
 	}
-	if testing.Verbose() {
-		t.Log("\n" + table.String())
-	}
+	docSection(t, "criterion", table.String())
 }

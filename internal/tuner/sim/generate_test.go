@@ -256,7 +256,7 @@ func generated(seed uint64) *family {
 
 // knownMisses are the generated traces, among the seeds TestCriterionGenerated
 // replays by default, on which the tuner misses issue 12's bar, each with
-// the kind of miss.
+// the kind of miss that docs/tuner-policy.md ("Traces not seen") explains.
 // A seed listed here that meets the bar fails the test, as does a seed not
 // listed that misses it: the list can only be shortened by a better tuner,
 // never lengthened to make a test pass.
@@ -276,7 +276,7 @@ var knownMisses = map[uint64]string{
 	27: missLearning,
 }
 
-// The kinds of miss.
+// The kinds of miss (docs/tuner-policy.md, "Traces not seen").
 const (
 	missRound     = "a round's wait: no spare was backed where the count had a free replica"
 	missLearning  = "learning: a burst of workloads never seen waits for its first pods to show their size"
@@ -286,8 +286,8 @@ const (
 
 // TestCriterionGenerated holds the tuner to issue 12's bar (judge) on
 // traces it was not tuned on: each seed builds a trace from the archetypes
-// above. Over the default seeds it logs the table of the results with -v;
-// -gen-seeds and -gen-first pick other seeds,
+// above. Over the default seeds it keeps the table in docs/tuner-policy.md
+// (-update-docs rewrites it); -gen-seeds and -gen-first pick other seeds,
 // -gen-dump writes the traces for `gpuslice-tuner simulate`.
 func TestCriterionGenerated(t *testing.T) {
 	if testing.Short() {
@@ -339,7 +339,7 @@ func TestCriterionGenerated(t *testing.T) {
 				got.OOMEvents, got.RaiseOOMEvents, got.PodSecondsPending, got.PodSecondsPendingWarmup, got.PodsNeverStarted, got.ReplicaChanges, best, bar)
 		})
 	}
-	if defaults && testing.Verbose() {
-		t.Log("\n" + table.String())
+	if defaults {
+		docSection(t, "generated", table.String())
 	}
 }
