@@ -6,7 +6,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"time"
 )
 
 // oomIncidents is what the window's OOM events call for.
@@ -116,10 +115,7 @@ func (v gpuView) fitting(total uint64) (int, string) {
 // pressure says whether every sample of the last PressureWindow was at or
 // above the threshold, and the count that calls for.
 func (v gpuView) pressure() (bool, int, string) {
-	return v.pressureOver(v.cfg.PressureWindow)
-}
-
-func (v gpuView) pressureOver(span time.Duration) (bool, int, string) {
+	span := v.cfg.PressureWindow
 	from := v.now.Add(-span)
 	ss := within(v.window, from, v.now)
 	if !covers(ss, from, v.now, v.cfg.SampleInterval) {

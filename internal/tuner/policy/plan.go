@@ -464,7 +464,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 		// for each would go unpriced to whoever comes; as many spares as
 		// the memory backs make no difference on any trace here).
 		to = a + 1
-		why = fmt.Sprintf("every replica is taken; %s for %d more pod(s) of %s", used(), p.spare, gib(v.footprint))
+		why = fmt.Sprintf("every replica is taken; %s, room for %d more pod(s) of %s: one spare", used(), p.spare, gib(v.footprint))
 	}
 	to = min(to, cur+cfg.MaxStepUp, cfg.MaxReplicas)
 	if banned, c, at := v.banned(); banned <= cur {

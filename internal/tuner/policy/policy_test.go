@@ -289,7 +289,7 @@ func TestDecideFootprintAndMessage(t *testing.T) {
 	if d.FootprintBytes != 8*GiB {
 		t.Errorf("footprint = %d, want the largest container peak %d", d.FootprintBytes, 8*GiB)
 	}
-	for _, want := range []string{"GPU-a6000", "every replica is taken", "8.0 GiB", "20.5 GiB", "22.7 GiB", "4 -> 5"} {
+	for _, want := range []string{"GPU-a6000", "every replica is taken", "8.0 GiB", "20.5 GiB", "22.7 GiB", "one spare", "4 -> 5"} {
 		if !strings.Contains(d.Message, want) {
 			t.Errorf("message %q lacks %q", d.Message, want)
 		}
