@@ -1084,8 +1084,16 @@ spec:
 			{"gpuslice/gpuslice-tuner", "list", "", "pods", "kube-system", "", true},
 			{"gpuslice/gpuslice-tuner", "list", "", "pods", "", "", true},
 			{"gpuslice/gpuslice-tuner", "watch", "", "pods", "", "", true},
-			{"gpuslice/gpuslice-tuner", "get", "", "pods", "kube-system", "p", false},
+			// get: the owner of a measured pod names its workload.
+			{"gpuslice/gpuslice-tuner", "get", "", "pods", "kube-system", "p", true},
 			{"gpuslice/gpuslice-tuner", "delete", "", "pods", "gpuslice", "p", false},
+			{"gpuslice/gpuslice-tuner", "update", "", "pods", "gpuslice", "p", false},
+			// The workload memory: one ConfigMap in the release namespace.
+			{"gpuslice/gpuslice-tuner", "create", "", "configmaps", "gpuslice", "", true},
+			{"gpuslice/gpuslice-tuner", "update", "", "configmaps", "gpuslice", "gpuslice-tuner-memory", true},
+			{"gpuslice/gpuslice-tuner", "get", "", "configmaps", "gpuslice", "gpuslice-tuner-memory", true},
+			{"gpuslice/gpuslice-tuner", "update", "", "configmaps", "gpuslice", "gpuslice-exporter-web-config", false},
+			{"gpuslice/gpuslice-tuner", "create", "", "configmaps", "kube-system", "", false},
 			// plugin: release gp in gpu-plugin, tuner in plugin mode.
 			{"gpu-plugin/gp-gpuslice-tuner", "update", "", "nodes", "", "n1", true},
 			{"gpu-plugin/gp-gpuslice-tuner", "list", "", "pods", "", "", true},
@@ -1193,6 +1201,10 @@ func TestTunerConfig(t *testing.T) {
 			if got := resourceNames(t, lease, "leases", "update"); !slices.Equal(got, []string{c.LeaderElection.Name}) || lease.GetNamespace() != c.LeaderElection.Namespace {
 				t.Errorf("leaderElection %s/%s, the Role in %s lets the tuner update %v", c.LeaderElection.Namespace, c.LeaderElection.Name, lease.GetNamespace(), got)
 			}
+			if m := c.WorkloadMemory.ConfigMap; m.Name == "" || m.Namespace != lease.GetNamespace() ||
+				!slices.Equal(resourceNames(t, lease, "configmaps", "update"), []string{m.Name}) {
+				t.Errorf("workloadMemory.configMap %s, the Role in %s lets the tuner update configmaps %v", m, lease.GetNamespace(), resourceNames(t, lease, "configmaps", "update"))
+			}
 			if c.Signals.Source == config.SourceExporters {
 				ds := find(t, objs, "DaemonSet", vs.fullname()+"-exporter")
 				sel, err := labels.Parse(c.Signals.Exporters.LabelSelector)
@@ -1207,9 +1219,10 @@ func TestTunerConfig(t *testing.T) {
 					t.Errorf("signals.exporters %s %q does not find the exporter pods (%s, labels %v)", c.Signals.Exporters.Namespace, sel, ds, podLabels)
 				}
 			}
-			// Pending pods in every namespace are demand, and the exporter
-			// pods are found with the same rule: list and watch of pods in
-			// the ClusterRole, whatever the signal source, and no other.
+			// Pending pods in every namespace are demand, the exporter pods
+			// are found with the same rule, and a measured pod's owner names
+			// its workload: get, list and watch of pods in the ClusterRole,
+			// whatever the signal source, and no other.
 			cr := find(t, objs, "ClusterRole", vs.fullname()+"-tuner")
 			for _, verb := range []string{"list", "watch"} {
 				if got := resourceNames(t, cr, "pods", verb); got != nil {
@@ -1218,8 +1231,8 @@ func TestTunerConfig(t *testing.T) {
 			}
 			for _, r := range nested[[]any](t, cr, "rules") {
 				rm := r.(map[string]any)
-				if slices.Contains(strs(rm["resources"]), "pods") && !slices.Equal(strs(rm["verbs"]), []string{"list", "watch"}) {
-					t.Errorf("%s grants %v on pods, want list and watch", cr, strs(rm["verbs"]))
+				if slices.Contains(strs(rm["resources"]), "pods") && !slices.Equal(strs(rm["verbs"]), []string{"get", "list", "watch"}) {
+					t.Errorf("%s grants %v on pods, want get, list and watch", cr, strs(rm["verbs"]))
 				}
 			}
 			for _, o := range objs {

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	promapi "github.com/prometheus/client_golang/api"
+	promv1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuslice/gpuslice/internal/status"
@@ -45,6 +48,8 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	kubeconfig := fs.String("kubeconfig", "", "Kubeconfig; empty means in-cluster.")
 	output := fs.String("o", "text", "Output format: text or json.")
 	timeout := fs.Duration("timeout", 10*time.Second, "Time allowed for the API server and each exporter.")
+	promURL := fs.String("prometheus", "", "URL of a Prometheus that scrapes the exporters (without /api/v1): the OOMS column then counts the last hour (OOMS(1H)) instead of since each exporter started.")
+	nodeLabel := fs.String("prometheus.node-label", "node", "The label the Prometheus scrape config puts the node name in.")
 	exporters := exporterFlags{}
 	fs.Var(exporters, "exporter", "NODE=URL of a node's gpuslice-exporter /metrics (repeat per node), e.g. one `kubectl port-forward` or the exporter's pod IP.")
 	if err := fs.Parse(args); err != nil {
@@ -80,6 +85,13 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		scrapes[node] = s
 	}
 	r := status.Build(nodes.Items, scrapes, errs)
+	if *promURL != "" {
+		counts, err := recentOOMs(ctx, *promURL, *nodeLabel, *timeout, now())
+		if err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
+		r.SetRecentOOMs(counts)
+	}
 	if *output == "json" {
 		return r.JSON(stdout)
 	}
@@ -104,4 +116,41 @@ func scrape(ctx context.Context, u string, timeout time.Duration) (status.Scrape
 		return nil, fmt.Errorf("scraping %s: %s", u, resp.Status)
 	}
 	return status.ParseScrape(u, resp.Body)
+}
+
+// RecentOOMQuery is the PromQL behind OOMS(1H): each container's GPU OOM
+// events in the last hour, per node and GPU (increase() copes with counter
+// resets; it extrapolates, hence the rounding to whole events).
+func RecentOOMQuery(nodeLabel string) string {
+	return "round(sum by (" + nodeLabel + ", uuid, namespace, pod, container) (increase(gpuslice_gpu_oom_events_total{" +
+		nodeLabel + `!=""}[1h])))`
+}
+
+// recentOOMs asks Prometheus for RecentOOMQuery at now.
+func recentOOMs(ctx context.Context, u, nodeLabel string, timeout time.Duration, now time.Time) (map[status.OOMKey]float64, error) {
+	if !model.LabelName(nodeLabel).IsValid() {
+		return nil, fmt.Errorf("--prometheus.node-label %q is not a label name", nodeLabel)
+	}
+	c, err := promapi.NewClient(promapi.Config{Address: u})
+	if err != nil {
+		return nil, fmt.Errorf("--prometheus %q: %w", u, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	q := RecentOOMQuery(nodeLabel)
+	v, _, err := promv1.NewAPI(c).Query(ctx, q, now)
+	if err != nil {
+		return nil, fmt.Errorf("prometheus %s: query %s: %w", u, q, err)
+	}
+	vec, ok := v.(model.Vector)
+	if !ok {
+		return nil, fmt.Errorf("prometheus %s: query %s: got %s, want a vector", u, q, v.Type())
+	}
+	out := make(map[status.OOMKey]float64, len(vec))
+	for _, smp := range vec {
+		m := smp.Metric
+		out[status.OOMKey{Node: string(m[model.LabelName(nodeLabel)]), UUID: string(m["uuid"]), Namespace: string(m["namespace"]),
+			Pod: string(m["pod"]), Container: string(m["container"])}] = float64(smp.Value)
+	}
+	return out, nil
 }

@@ -30,6 +30,10 @@ import (
 // Report is the whole view.
 type Report struct {
 	Nodes []Node `json:"nodes"`
+	// RecentOOMs is set when the OOM counts of the last hour came from
+	// Prometheus (SetRecentOOMs): then each container's OOMsLastHour is
+	// set and the text view shows it instead of the counts since start.
+	RecentOOMs bool `json:"recentOOMs,omitempty"`
 }
 
 // Node is one node: its GPU resources as the API server has them, the
@@ -70,6 +74,47 @@ type Container struct {
 	// OOMs counts the container's GPU OOM events since its exporter
 	// started (the exporter's counters; Prometheus has the history).
 	OOMs float64 `json:"ooms"`
+	// OOMsLastHour counts its GPU OOM events in the last hour, from
+	// Prometheus (`gpuslice-tuner status --prometheus`); absent without.
+	OOMsLastHour *float64 `json:"oomsLastHour,omitempty"`
+}
+
+// OOMKey names one container on one GPU of one node, for SetRecentOOMs.
+type OOMKey struct{ Node, UUID, Namespace, Pod, Container string }
+
+// SetRecentOOMs sets every container's OOMsLastHour from counts (0 for a
+// container counts lacks), and lists a container counts has that the
+// exporter no longer shows (it ended within the hour) with its count.
+func (r *Report) SetRecentOOMs(counts map[OOMKey]float64) {
+	r.RecentOOMs = true
+	used := map[OOMKey]bool{}
+	for i := range r.Nodes {
+		n := &r.Nodes[i]
+		for j := range n.GPUs {
+			g := &n.GPUs[j]
+			for k := range g.Containers {
+				c := &g.Containers[k]
+				key := OOMKey{n.Name, g.UUID, c.Namespace, c.Pod, c.Container}
+				v := counts[key]
+				c.OOMsLastHour = &v
+				used[key] = true
+			}
+			for key, v := range counts {
+				if used[key] || key.Node != n.Name || key.UUID != g.UUID || v == 0 {
+					continue
+				}
+				g.Containers = append(g.Containers, Container{Namespace: key.Namespace, Pod: key.Pod, Container: key.Container, OOMsLastHour: &v})
+				used[key] = true
+			}
+			sortContainers(g.Containers)
+		}
+	}
+}
+
+func sortContainers(cs []Container) {
+	slices.SortFunc(cs, func(a, b Container) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Pod, b.Pod), strings.Compare(a.Container, b.Container))
+	})
 }
 
 // Scrape is one exporter's /metrics, parsed.
@@ -204,9 +249,7 @@ func gpus(s Scrape) []GPU {
 	}
 	out := make([]GPU, 0, len(byUUID))
 	for _, g := range byUUID {
-		slices.SortFunc(g.Containers, func(a, b Container) int {
-			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Pod, b.Pod), strings.Compare(a.Container, b.Container))
-		})
+		sortContainers(g.Containers)
 		out = append(out, *g)
 	}
 	slices.SortFunc(out, func(a, b GPU) int {
@@ -225,7 +268,7 @@ func (r Report) JSON(w io.Writer) error {
 // Text writes the report as aligned plain text: per node its allocatable
 // GPU resources, the tuner's last decision, a table of its GPUs and a table
 // of the containers on them. now dates the decision. OOMS counts since each
-// exporter started; IDLE is the time since the container last ran a kernel
+// exporter started, OOMS(1H) (with RecentOOMs) the last hour; IDLE is the time since the container last ran a kernel
 // on the GPU ("-" for a container that holds no replica of it).
 func (r Report) Text(w io.Writer, now time.Time) error {
 	for i, n := range r.Nodes {
@@ -244,13 +287,21 @@ func (r Report) Text(w io.Writer, now time.Time) error {
 			continue
 		}
 		gpus := [][]string{{"GPU", "UUID", "REPLICAS", "MEMORY"}}
-		pods := [][]string{{"GPU", "POD", "CONTAINER", "MEMORY", "SM", "OOMS", "IDLE"}}
+		oomHeader := "OOMS"
+		if r.RecentOOMs {
+			oomHeader = "OOMS(1H)"
+		}
+		pods := [][]string{{"GPU", "POD", "CONTAINER", "MEMORY", "SM", oomHeader, "IDLE"}}
 		for _, g := range n.GPUs {
 			gpus = append(gpus, []string{g.Index, g.UUID, replicas(g), gib(g.MemoryUsedBytes) + " / " + gib(g.MemoryTotalBytes)})
 			for _, c := range g.Containers {
+				ooms := c.OOMs
+				if r.RecentOOMs && c.OOMsLastHour != nil {
+					ooms = *c.OOMsLastHour
+				}
 				pods = append(pods, []string{g.Index, c.Namespace + "/" + c.Pod, c.Container, gib(c.MemoryBytes),
 					optional(c.SMUtilization, func(v float64) string { return fmt.Sprintf("%.0f%%", v*100) }),
-					fmt.Sprintf("%.0f", c.OOMs),
+					fmt.Sprintf("%.0f", ooms),
 					optional(c.IdleSeconds, func(v float64) string { return age(time.Duration(v) * time.Second) })})
 			}
 		}

@@ -65,6 +65,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// A notebook that imported its framework (a CUDA context, 0.5 GiB) and
+	// has run nothing since: it holds a fifth replica without using it.
+	g := node.GPUs[0]
+	g.Replicas = 5
+	node.Pods = append(node.Pods, &simnode.Pod{Namespace: "lab", Name: "jupyter-0", Containers: []*simnode.Container{{
+		Name: "notebook", Replicas: map[string][]int{g.UUID: {4}},
+		Processes: []simnode.Process{{PID: 2601, GPU: g.UUID, MemoryBytes: 512 << 20}},
+	}}})
 	if err := node.Start(ctx); err != nil {
 		return err
 	}
@@ -99,7 +107,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}); err != nil {
 		return fmt.Errorf("%w (exporter log: %s)", err, logPath)
 	}
-	fmt.Fprintf(out, "gpuslice-exporter is up at %s on a simulated RTX A6000 shared 4 ways.\n", url)
+	fmt.Fprintf(out, "gpuslice-exporter is up at %s on a simulated RTX A6000 shared 5 ways.\n", url)
 
 	// The tuner watches the node; every replica is taken and 30 GiB are
 	// free, so after one window of headroom it raises the count.
@@ -113,9 +121,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 
-	// A fifth pod takes the new replica and grows far past the footprints
+	// A sixth pod takes the new replica and grows far past the footprints
 	// seen so far; then the Real-ESRGAN pod runs out of GPU memory.
-	g := node.GPUs[0]
 	node.Pods = append(node.Pods, &simnode.Pod{Namespace: "batch", Name: "llm-finetune-0", Containers: []*simnode.Container{{
 		Name: "train", Replicas: map[string][]int{g.UUID: {4}},
 		Processes: []simnode.Process{{PID: 2501, GPU: g.UUID, MemoryBytes: 28 * simnode.GiB, SM: 0.6}},
@@ -146,6 +153,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fmt.Fprintln(out)
 	report(out, m)
+	fmt.Fprintln(out, "\nlab/jupyter-0 holds a replica and has run no kernel since the exporter first saw it (IDLE):")
+	fmt.Fprintln(out, "  gpuslice_container_gpu_idle_seconds counts it; GPUSliceIdleGPUHolder fires once it has idled 4h on a full GPU,")
+	fmt.Fprintln(out, "  and the tuner names it in the WaitingForReplica Event of a pod waiting for a replica.")
 	fmt.Fprintf(out, "\nThe exporter is at %s\n", url)
 	fmt.Fprintf(out, "  curl -s %s | grep ^gpuslice_container\n", url)
 	fmt.Fprintf(out, "Simulated node files: %s (edit sim.yaml: the exporter re-reads it at every scrape)\n", *dir)
@@ -212,12 +222,12 @@ func report(w io.Writer, m map[string]*dto.MetricFamily) {
 		}
 		fmt.Fprintf(w, "GPU %s %s: %s of %s used\n", l["gpu"], l["uuid"], gib(used), gib(s.GetGauge().GetValue()))
 	}
-	type row struct{ ns, pod, ctr, mem, sm, slots, ooms string }
+	type row struct{ ns, pod, ctr, mem, sm, slots, ooms, idle string }
 	rows := map[string]*row{}
 	get := func(l map[string]string) *row {
 		k := l["namespace"] + "/" + l["pod"] + "/" + l["container"]
 		if rows[k] == nil {
-			rows[k] = &row{ns: l["namespace"], pod: l["pod"], ctr: l["container"], mem: "-", sm: "-", slots: "-", ooms: "0"}
+			rows[k] = &row{ns: l["namespace"], pod: l["pod"], ctr: l["container"], mem: "-", sm: "-", slots: "-", ooms: "0", idle: "-"}
 		}
 		return rows[k]
 	}
@@ -229,6 +239,9 @@ func report(w io.Writer, m map[string]*dto.MetricFamily) {
 	}
 	for _, s := range m["gpuslice_container_gpu_allocation"].GetMetric() {
 		get(labels(s)).slots = fmt.Sprintf("%g", s.GetGauge().GetValue())
+	}
+	for _, s := range m["gpuslice_container_gpu_idle_seconds"].GetMetric() {
+		get(labels(s)).idle = (time.Duration(s.GetGauge().GetValue()) * time.Second).String()
 	}
 	ooms := map[*row]float64{} // summed over the log and termination sources
 	for _, s := range m["gpuslice_gpu_oom_events_total"].GetMetric() {
@@ -242,10 +255,10 @@ func report(w io.Writer, m map[string]*dto.MetricFamily) {
 	}
 	sort.Strings(keys)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tPOD\tCONTAINER\tGPU MEMORY\tSM\tREPLICAS HELD\tGPU OOMS")
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tCONTAINER\tGPU MEMORY\tSM\tREPLICAS HELD\tGPU OOMS\tIDLE")
 	for _, k := range keys {
 		r := rows[k]
-		fmt.Fprintln(tw, strings.Join([]string{r.ns, r.pod, r.ctr, r.mem, r.sm, r.slots, r.ooms}, "\t"))
+		fmt.Fprintln(tw, strings.Join([]string{r.ns, r.pod, r.ctr, r.mem, r.sm, r.slots, r.ooms, r.idle}, "\t"))
 	}
 	_ = tw.Flush()
 	for _, s := range m["gpuslice_unattributed_gpu_memory_used_bytes"].GetMetric() {

@@ -61,6 +61,14 @@ type Config struct {
 	LeaderElection LeaderElection `yaml:"leaderElection"`
 	Signals        Signals        `yaml:"signals"`
 	Apply          Apply          `yaml:"apply"`
+	// WorkloadMemory is where the policy's workload record (policy.Memory:
+	// each workload's VRAM peak and the counts it OOMed at) is kept across
+	// restarts and leader changes.
+	WorkloadMemory WorkloadMemory `yaml:"workloadMemory"`
+	// IdleHolderAfter is how long a container holding a replica must have
+	// run no kernel for the tuner to name it, as an idle holder, in the
+	// Event it puts on a pod waiting for a replica it does not raise for.
+	IdleHolderAfter time.Duration `yaml:"idleHolderAfter"`
 	// Policy is the `policy:` section, decoded by policy.Config's own
 	// UnmarshalYAML over policy.DefaultConfig (as policy.ConfigFromYAML
 	// does for `simulate --config`).
@@ -166,6 +174,17 @@ type Apply struct {
 	VerifyHold time.Duration `yaml:"verifyHold"`
 }
 
+// WorkloadMemory configures the persisted workload record.
+type WorkloadMemory struct {
+	// ConfigMap holds one key per node (<node>.json); an empty name keeps
+	// the record in memory only (lost on restart). The tuner creates it.
+	ConfigMap ObjectRef `yaml:"configMap"`
+	// SaveInterval is the longest the stored record lags the one in memory
+	// when only watch times moved; a new workload, a new peak or an OOM is
+	// saved at the end of the round that saw it.
+	SaveInterval time.Duration `yaml:"saveInterval"`
+}
+
 // ObjectRef names a namespaced object.
 type ObjectRef struct {
 	Namespace string `yaml:"namespace"`
@@ -208,6 +227,11 @@ func Default() Config {
 			PropagationDelay: 90 * time.Second,
 			VerifyTimeout:    3 * time.Minute,
 			VerifyHold:       time.Hour,
+		},
+		IdleHolderAfter: time.Hour,
+		WorkloadMemory: WorkloadMemory{
+			ConfigMap:    ObjectRef{Namespace: "gpuslice", Name: "gpuslice-tuner-memory"},
+			SaveInterval: 5 * time.Minute,
 		},
 		Policy: policy.DefaultConfig(),
 	}
@@ -262,6 +286,16 @@ func (c Config) Validate() error {
 		if le.RetryPeriod <= 0 || le.RenewDeadline <= le.RetryPeriod || le.LeaseDuration <= le.RenewDeadline {
 			bad("leaderElection: want 0 < retryPeriod < renewDeadline < leaseDuration, got %s, %s, %s",
 				le.RetryPeriod, le.RenewDeadline, le.LeaseDuration)
+		}
+	}
+	if c.IdleHolderAfter <= 0 {
+		bad("idleHolderAfter must be > 0, got %s", c.IdleHolderAfter)
+	}
+	if m := c.WorkloadMemory; m.ConfigMap.Name != "" {
+		name(bad, "workloadMemory.configMap.namespace", m.ConfigMap.Namespace)
+		name(bad, "workloadMemory.configMap.name", m.ConfigMap.Name)
+		if m.SaveInterval <= 0 {
+			bad("workloadMemory.saveInterval must be > 0, got %s", m.SaveInterval)
 		}
 	}
 

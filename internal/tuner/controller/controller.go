@@ -166,6 +166,14 @@ type Controller struct {
 	// (pending.go).
 	podInformers informers.SharedInformerFactory
 	pods         listersv1.PodLister
+	// mem is the policy's workload record per node (memory.go); owners
+	// names the workloads of the measured containers (workload.go).
+	mem    *memoryStore
+	owners *owners
+	// idle is this round's idle replica holders per node; explained the
+	// WaitingForReplica Events given (explain.go).
+	idle      map[string][]signals.IdleHolder
+	explained map[string]explained
 
 	// state is per node, touched only by the goroutine running rounds.
 	state map[string]*nodeState
@@ -212,6 +220,9 @@ func New(o Options) (*Controller, error) {
 	c.nodes = c.informers.Core().V1().Nodes().Lister()
 	c.podInformers = pendingPods(c)
 	c.pods = c.podInformers.Core().V1().Pods().Lister()
+	c.mem = newMemoryStore(c)
+	c.owners = &owners{client: c.client, cache: c.pods, known: map[string]ownerEntry{}, log: c.log}
+	c.explained = map[string]explained{}
 	return c, nil
 }
 
@@ -342,6 +353,7 @@ func (c *Controller) elect(ctx context.Context) error {
 // round in progress is abandoned) or stop closes (shutdown: the round in
 // progress is finished).
 func (c *Controller) loop(lead context.Context, stop <-chan struct{}) {
+	c.mem.reset()
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	for {
@@ -381,6 +393,13 @@ func (c *Controller) round(ctx context.Context) error {
 	obs, err := c.source.Observe(ctx, now, c.cfg.Policy.Window)
 	if err != nil {
 		return fmt.Errorf("gathering signals: %w", err)
+	}
+	c.gatherIdle(ctx, now)
+	c.forgetExplained(now)
+	if err := c.mem.load(ctx); err != nil {
+		// Decide from the record in memory; nothing is saved until a
+		// read succeeds.
+		c.log.Error("tuner round without the stored workload memory", "err", err)
 	}
 	nodes, err := c.nodes.List(c.nodeSel)
 	if err != nil {
@@ -425,7 +444,16 @@ func (c *Controller) round(ctx context.Context) error {
 			delete(c.state, name)
 		}
 	}
-	return c.applier.apply(ctx, now, r)
+	err = c.applier.apply(ctx, now, r)
+	all, lerr := c.nodes.List(labels.Everything())
+	if lerr != nil {
+		return errors.Join(err, lerr)
+	}
+	exists := make(map[string]bool, len(all))
+	for _, n := range all {
+		exists[n.Name] = true
+	}
+	return errors.Join(err, c.mem.save(ctx, now, func(n string) bool { return exists[n] }))
 }
 
 // hasGPUs says whether a node has NVIDIA GPUs under a device plugin: any

@@ -34,6 +34,8 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("verify failure holds the node", func(t *testing.T) { testVerifyFailure(t, env) })
 	t.Run("leader killed mid-run, one change", func(t *testing.T) { testLeaderHandover(t, env) })
 	t.Run("a pending pod raises", func(t *testing.T) { testPendingPod(t, env) })
+	t.Run("workload memory survives a restart", func(t *testing.T) { testWorkloadMemory(t, env) })
+	t.Run("a waiting pod is told who idles", func(t *testing.T) { testExplainWaiting(t, env) })
 	t.Run("RBAC manifest is enough and no more", func(t *testing.T) { testRBAC(t, env) })
 	t.Run("DRA node: advice, no config", func(t *testing.T) { testDRANode(t, env) })
 	t.Run("NVIDIA's config-manager", func(t *testing.T) { testNVIDIAConfigManager(t, env) })
@@ -326,8 +328,13 @@ sharing:
 		h.setAllocatable("rs-b", "nvidia.com/gpu", 2)
 		h.round() // verified
 
-		h.advance(11 * time.Minute) // past the cooldown, the OOM out of the window
-		h.src.set("rs-b", headroom(2))
+		// Past the cooldown, the OOM out of the window, and the workload
+		// that OOMed at 2 gone: the tuner remembers that ml/a OOMed with 2
+		// pods (policy.Memory) and would not give it 2 again soon.
+		h.advance(11 * time.Minute)
+		back := headroom(2)
+		back.container = "ml/b/main"
+		h.src.set("rs-b", back)
 		h.node("rs-c", mine, 2) // a GPU node whose exporter is down
 		h.round()
 		if r := h.record("rs-a"); r.Reason != ReasonNodesWithoutSignals || r.Replicas != 1 || !strings.Contains(r.Message, "rs-c") {

@@ -3,7 +3,9 @@ package controller
 import (
 	"github.com/gpuslice/gpuslice/internal/testproc"
 
+	"cmp"
 	"context"
+	"maps"
 	"fmt"
 	"net/http"
 	"strings"
@@ -25,6 +27,7 @@ import (
 	"github.com/gpuslice/gpuslice/internal/testenv"
 	"github.com/gpuslice/gpuslice/internal/tuner/config"
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
+	"github.com/gpuslice/gpuslice/internal/tuner/signals"
 )
 
 const gib = uint64(1) << 30
@@ -53,6 +56,8 @@ type signal struct {
 	// oomAt puts one full-device OOM event on GPU 0 in the sample at that
 	// time.
 	oomAt time.Time
+	// container is the key of the one container measured; "" is ml/a/main.
+	container string
 }
 
 // fakeSource produces a full window of identical samples per node ending
@@ -61,6 +66,23 @@ type fakeSource struct {
 	mu       sync.Mutex
 	interval time.Duration
 	nodes    map[string]signal
+	idle     map[string][]signals.IdleHolder
+}
+
+// IdleHolders implements signals.IdleSource.
+func (f *fakeSource) IdleHolders(context.Context, time.Time) (map[string][]signals.IdleHolder, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.idle), nil
+}
+
+func (f *fakeSource) setIdle(node string, hs ...signals.IdleHolder) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.idle == nil {
+		f.idle = map[string][]signals.IdleHolder{}
+	}
+	f.idle[node] = hs
 }
 
 func (f *fakeSource) set(node string, s signal) {
@@ -77,15 +99,16 @@ func (f *fakeSource) Observe(_ context.Context, now time.Time, window time.Durat
 	defer f.mu.Unlock()
 	out := map[string][]policy.GPUObservation{}
 	for node, s := range f.nodes {
+		ctr := cmp.Or(s.container, "ml/a/main")
 		for g := range s.gpus {
 			obs := policy.GPUObservation{UUID: fmt.Sprintf("GPU-%s-%d", node, g)}
 			for t := now.Add(-window); !t.After(now); t = t.Add(f.interval) {
 				smp := policy.Sample{Time: t, MemoryTotalBytes: 48 * gib, MemoryUsedBytes: s.used,
-					ContainerPeaks: map[string]uint64{"ml/a/main": s.peak}, ReplicasAdvertised: s.advertised, ReplicasAllocated: s.allocated}
+					ContainerPeaks: map[string]uint64{ctr: s.peak}, ReplicasAdvertised: s.advertised, ReplicasAllocated: s.allocated}
 				if g == 0 && !s.oomAt.IsZero() && !t.Before(s.oomAt) && t.Before(s.oomAt.Add(f.interval)) {
 					// The exporter says the GPU was full (the fake's used
 					// memory is the level between OOMs).
-					smp.OOMEvents, smp.OOMs = 1, []policy.OOM{{Container: "ml/a/main", Kind: policy.OOMDevice}}
+					smp.OOMEvents, smp.OOMs = 1, []policy.OOM{{Container: ctr, Kind: policy.OOMDevice}}
 				}
 				obs.Samples = append(obs.Samples, smp)
 			}
@@ -121,8 +144,10 @@ func testConfig(mode, ns string) config.Config {
 	c.Apply.PropagationDelay = 0
 	c.Apply.VerifyHold = time.Hour
 	c.LeaderElection.Namespace = ns
+	c.WorkloadMemory.ConfigMap.Namespace = ns
 	c.Policy = policy.Config{MinReplicas: 1, MaxReplicas: 8, MaxStepUp: 1, Window: time.Minute, Cooldown: 10 * time.Minute,
-		PressureWindow: 20 * time.Second, SampleInterval: 10 * time.Second, TargetUtilization: 0.9, PressureThreshold: 0.95}
+		PressureWindow: 20 * time.Second, SampleInterval: 10 * time.Second, TargetUtilization: 0.9, PressureThreshold: 0.95,
+		Remember: time.Hour, MaxWorkloads: 16}
 	c.Interval = 10 * time.Second
 	return c
 }

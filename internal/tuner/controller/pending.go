@@ -1,10 +1,15 @@
 package controller
 
 import (
+	"cmp"
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
+
+	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 )
 
 // pendingPods is a cluster-wide informer over the pods in phase Pending
@@ -21,24 +26,41 @@ func pendingPods(c *Controller) informers.SharedInformerFactory {
 		}))
 }
 
-// pendingRequest is policy.Observation.PendingRequest for node when its GPUs
-// are advertised under resource: the most of resource that one pod the
-// scheduler found no room for (phase Pending, condition PodScheduled False
+// pendingPods is policy.Observation.Pending for node when its GPUs are
+// advertised under resource, oldest first: the pods asking for resource that
+// the scheduler found no room for (phase Pending, condition PodScheduled False
 // with reason Unschedulable) asks for, among the pods that could run on the
 // node. A pod is left out when its spec.nodeName names another node or its
 // spec.nodeSelector does not match the node's labels. Node affinity, taints
 // and tolerations, and every other scheduler predicate are not evaluated:
 // a pod they keep off the node still counts, and can earn the node a raise
 // it will not use.
-func (c *Controller) pendingRequest(node *corev1.Node, resource string) int {
+func (c *Controller) pendingPods(node *corev1.Node, resource string) []policy.PendingPod {
+	return asPending(c.waitingPods(node, resource), resource)
+}
+
+// asPending is the policy's view of waiting pods.
+func asPending(waiting []*corev1.Pod, resource string) []policy.PendingPod {
+	out := make([]policy.PendingPod, 0, len(waiting))
+	for _, p := range waiting {
+		out = append(out, policy.PendingPod{Workload: workloadKey(p), Replicas: int(podRequest(p, corev1.ResourceName(resource)))})
+	}
+	return out
+}
+
+// waitingPods are the pods behind pendingPods, oldest first.
+func (c *Controller) waitingPods(node *corev1.Node, resource string) []*corev1.Pod {
 	if c.pods == nil {
-		return 0
+		return nil
 	}
 	pods, err := c.pods.List(labels.Everything())
 	if err != nil {
-		return 0
+		return nil
 	}
-	most := int64(0)
+	slices.SortFunc(pods, func(a, b *corev1.Pod) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	var out []*corev1.Pod
 	for _, p := range pods {
 		if !unschedulable(p) {
 			continue
@@ -49,9 +71,11 @@ func (c *Controller) pendingRequest(node *corev1.Node, resource string) int {
 		if len(p.Spec.NodeSelector) > 0 && !labels.SelectorFromSet(p.Spec.NodeSelector).Matches(labels.Set(node.Labels)) {
 			continue
 		}
-		most = max(most, podRequest(p, corev1.ResourceName(resource)))
+		if podRequest(p, corev1.ResourceName(resource)) > 0 {
+			out = append(out, p)
+		}
 	}
-	return int(most)
+	return out
 }
 
 // unschedulable says whether the scheduler tried the pod and found no node

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -62,8 +63,8 @@ func testPendingPod(t *testing.T, env *testenv.Env) {
 		h.pendingPod("pd-ns", p.name, p.nodeName, p.selector, p.res, 4, p.condition)
 	}
 	h.podsSynced()
-	if got := h.c.pendingRequest(h.getNode(node), dpconfig.GPUResource); got != 0 {
-		t.Errorf("pending request %d from pods that cannot use the node, want 0", got)
+	if got := h.c.pendingPods(h.getNode(node), dpconfig.GPUResource); len(got) != 0 {
+		t.Errorf("pending pods %+v from pods that cannot use the node, want none", got)
 	}
 	h.advance(cfg.Interval)
 	h.round()
@@ -71,8 +72,9 @@ func testPendingPod(t *testing.T, env *testenv.Env) {
 
 	h.pendingPod("pd-team", "wants-two", "", map[string]string{"pool": "pd"}, gpu, 2, unschedulable)
 	h.podsSynced()
-	if got := h.c.pendingRequest(h.getNode(node), dpconfig.GPUResource); got != 2 {
-		t.Errorf("pending request %d, want 2", got)
+	want := []policy.PendingPod{{Workload: "pd-team/image/cuda", Replicas: 2}}
+	if got := h.c.pendingPods(h.getNode(node), dpconfig.GPUResource); !slices.Equal(got, want) {
+		t.Errorf("pending pods %+v, want %+v", got, want)
 	}
 	h.advance(cfg.Interval)
 	h.round()

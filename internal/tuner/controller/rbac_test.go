@@ -3,7 +3,9 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -85,6 +87,7 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 	t.Run("config-manager with leader election and Events", func(t *testing.T) {
 		cfg := testConfig(config.ModeConfigManager, pluginNS)
 		cfg.Apply.ConfigMap.Name = cmName
+		cfg.WorkloadMemory.ConfigMap = config.Default().WorkloadMemory.ConfigMap
 		cfg.LeaderElection = config.LeaderElection{Enabled: true, Namespace: tunerNS, Name: "gpuslice-tuner",
 			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond}
 		cfg.Interval = 100 * time.Millisecond
@@ -125,12 +128,21 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 		if roundErr != nil {
 			t.Errorf("a round failed: %v", roundErr)
 		}
+		// The workload memory: created and written as the ServiceAccount.
+		mem, err := env.Client.CoreV1().ConfigMaps(tunerNS).Get(ctx, "gpuslice-tuner-memory", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the workload memory ConfigMap: %v", err)
+		}
+		if _, ok := mem.Data["rbac-node.json"]; !ok {
+			t.Errorf("the workload memory holds %v, want rbac-node.json", slices.Collect(maps.Keys(mem.Data)))
+		}
 	})
 
 	t.Run("restart", func(t *testing.T) {
 		cfg := testConfig(config.ModeRestart, pluginNS)
 		cfg.Apply.ConfigMap.Name = cmName
 		cfg.Apply.NodeSelector = "scenario=rbac" // the other scenarios' silent nodes would hold the raise
+		cfg.WorkloadMemory.ConfigMap = config.Default().WorkloadMemory.ConfigMap
 		h := newHarness(t, env, cfg, sa)
 		h.daemonSet()
 		h.src.set("rbac-node", headroom(1))
@@ -190,8 +202,12 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 				return err
 			}(),
 			"delete a node": sa.CoreV1().Nodes().Delete(ctx, "rbac-node", metav1.DeleteOptions{}),
-			"get a pod": func() error {
-				_, err := sa.CoreV1().Pods(tunerNS).Get(ctx, "exporter", metav1.GetOptions{})
+			"read another ConfigMap in its own namespace": func() error {
+				_, err := sa.CoreV1().ConfigMaps(tunerNS).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+				return err
+			}(),
+			"update a pod": func() error {
+				_, err := sa.CoreV1().Pods(tunerNS).Update(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "exporter", Namespace: tunerNS}}, metav1.UpdateOptions{})
 				return err
 			}(),
 			"delete a pod": sa.CoreV1().Pods(tunerNS).Delete(ctx, "exporter", metav1.DeleteOptions{}),

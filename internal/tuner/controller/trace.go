@@ -20,22 +20,25 @@ const SpanDecide = "gpuslice.tuner.decide"
 // resource is what the node's current config advertises its GPUs under,
 // the resource pending pods must ask for to count as its demand.
 func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, now time.Time, floor int, resource string) (policy.Decision, trace.Span) {
-	pending := c.pendingRequest(w.node, resource)
+	waiting := c.waitingPods(w.node, resource)
+	pending := asPending(waiting, resource)
 	_, span := c.tracer.Start(ctx, SpanDecide, trace.WithAttributes(
 		attribute.String("k8s.node.name", w.node.Name),
 		attribute.Int("gpuslice.replicas.current", cur),
 		attribute.String("gpuslice.apply.mode", c.cfg.Apply.Mode),
 		attribute.Bool("gpuslice.dry_run", c.cfg.DryRun),
 		attribute.String("gpuslice.resource", resource),
-		attribute.Int("gpuslice.pending_request", pending),
+		attribute.Int("gpuslice.pending_pods", len(pending)),
 	))
 	if span.IsRecording() {
 		span.SetAttributes(inputAttributes(w.gpus, lastChange, now.Add(-c.cfg.Policy.Window))...)
 	}
-	d := policy.Decide(c.cfg.Policy, policy.Observation{
+	d, mem := policy.Round(c.cfg.Policy, policy.Observation{
 		Node: w.node.Name, Now: now, CurrentReplicas: cur, LastChange: lastChange, GPUs: w.gpus, Floor: floor,
-		PendingRequest: pending,
+		Pending: pending, ContainerWorkloads: c.owners.containerWorkloads(ctx, now, w.gpus), Memory: c.mem.get(w.node.Name),
 	})
+	c.mem.put(w.node.Name, mem)
+	c.explainWaiting(w, waiting, resource, cur, d, now)
 	span.SetAttributes(
 		attribute.Int("gpuslice.replicas.decided", d.Replicas),
 		attribute.String("gpuslice.direction", d.Direction),

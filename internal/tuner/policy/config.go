@@ -34,10 +34,14 @@ type Config struct {
 	MaxReplicas int `yaml:"maxReplicas"`
 	// MaxStepUp bounds one raise.
 	MaxStepUp int `yaml:"maxStepUp"`
-	// Window is how long headroom must be sustained before a raise, and the
-	// span over which per-container peaks and OOM events are remembered.
+	// Window is the span of samples Decide looks at (container peaks, OOM
+	// events), the history a raise needs, how long a workload is watched
+	// before it is known, and how far ahead a running pod's growth is
+	// reserved.
 	Window time.Duration `yaml:"window"`
-	// Cooldown is the least time between any change and a raise.
+	// Cooldown is the least time between a change and a spare replica (a
+	// raise with every replica taken and nobody waiting); raises for
+	// waiting pods do not wait for it.
 	Cooldown time.Duration `yaml:"cooldown"`
 	// PressureWindow is how long memory pressure must last before a lowering,
 	// and the least time between a change and a lowering for pressure.
@@ -48,27 +52,39 @@ type Config struct {
 	// more than two intervals apart: one lost scrape is tolerated, a longer
 	// gap is time nobody watched.
 	SampleInterval time.Duration `yaml:"sampleInterval"`
-	// TargetUtilization is the fraction of a GPU's memory that the pods on it
-	// may be expected to fill after a raise.
+	// TargetUtilization is the fraction of a GPU's memory that the running
+	// pods' reservations and the pods a raise admits may fill; the rest is
+	// the margin for growth no record foresaw.
 	TargetUtilization float64 `yaml:"targetUtilization"`
-	// PressureThreshold is the used/total ratio that counts as pressure. It
-	// is above TargetUtilization so that a raise can never by itself lead to
-	// a lowering for pressure.
+	// PressureThreshold is the used/total ratio that counts as pressure,
+	// and as fullness when the pods holding replicas reach it even without
+	// the smallest of them. It is above TargetUtilization so that a raise
+	// can never by itself lead to a lowering for pressure.
 	PressureThreshold float64 `yaml:"pressureThreshold"`
+	// Remember is how long a workload's record (Memory) outlives its last
+	// sighting, and how long an OOM keeps its workload from being given the
+	// count it OOMed at: longer than a week, so that a weekly job finds its
+	// record when it returns.
+	Remember time.Duration `yaml:"remember"`
+	// MaxWorkloads bounds the workload records kept, and the container
+	// records, the most recently seen first.
+	MaxWorkloads int `yaml:"maxWorkloads"`
 }
 
 // DefaultConfig returns the defaults justified in docs/tuner-policy.md.
 func DefaultConfig() Config {
 	return Config{
 		MinReplicas:       1,
-		MaxReplicas:       8,
-		MaxStepUp:         1,
+		MaxReplicas:       16,
+		MaxStepUp:         16,
 		Window:            10 * time.Minute,
 		Cooldown:          15 * time.Minute,
 		PressureWindow:    2 * time.Minute,
 		SampleInterval:    15 * time.Second,
 		TargetUtilization: 0.9,
 		PressureThreshold: 0.95,
+		Remember:          14 * 24 * time.Hour,
+		MaxWorkloads:      256,
 	}
 }
 
@@ -105,6 +121,12 @@ func (c Config) Validate() error {
 	} else if c.PressureThreshold <= c.TargetUtilization {
 		bad("pressureThreshold (%g) must be above targetUtilization (%g)", c.PressureThreshold, c.TargetUtilization)
 	}
+	if c.Remember < c.Window {
+		bad("remember must be >= window (%s), got %s", c.Window, c.Remember)
+	}
+	if c.MaxWorkloads < 1 {
+		bad("maxWorkloads must be >= 1, got %d", c.MaxWorkloads)
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
 	}
@@ -115,6 +137,7 @@ func (c Config) Validate() error {
 var configKeys = []string{
 	"minReplicas", "maxReplicas", "maxStepUp", "window", "cooldown",
 	"pressureWindow", "sampleInterval", "targetUtilization", "pressureThreshold",
+	"remember", "maxWorkloads",
 }
 
 // UnmarshalYAML decodes a policy section over the values already in c (so

@@ -1,101 +1,78 @@
 // Package policy decides how many pods may share each GPU of a node
-// (time-slicing replicas) from what was measured there. Decide is a pure
-// function of its inputs: the controller gathers samples and applies the
-// answer, and `gpuslice-tuner simulate` replays traces through the very same
-// function.
+// (time-slicing replicas) from what was measured there. Round folds the new
+// samples into the node's workload memory (Remember) and judges with it
+// (Decide); both are pure. The controller gathers the samples and pending
+// pods, keeps the memory and applies the answer, and `gpuslice-tuner
+// simulate` replays traces through the very same Round. docs/tuner-policy.md
+// gives the rules with the measurements behind them.
+//
+// The count is an admission gate priced in memory: a waiting pod takes the
+// first replica free, and a lowering stops no running pod, so a replica is
+// handed out only when the memory the running pods may still need leaves
+// room for the pod that takes it.
+//
+// # Workload memory
+//
+// Memory keeps, per workload key (owner, else image): its largest peak, how
+// long it was watched (a workload watched for a Window is known), what its
+// pods held by age (PeakByAge, a sharing OOM counting as the total less what
+// the others held), the longest its pods ran, and its last sharing OOM; per
+// running container, its age and own peak; and the node's base, the count
+// the tuner found, lowered only by evidence.
+//
+// # The ledger
+//
+// Each running container is reserved at the most it used in the window; at
+// its own peak if it reached that within PeakHold; at what it holds plus the
+// growth its workload's pods showed from its age to a Window later; in its
+// first Window, for a workload whose pods run longer than two Windows, at
+// what the largest of them reached by then; and, in its first Window when
+// its workload is not known, at least at a stranger's price. Memory no
+// container accounts for is reserved at its most in the window. The budget
+// is TargetUtilization × total less the reservations.
+//
+// A pending pod of a known workload is priced at what its pods grew to over
+// their lifetime (at least a Window); a stranger at the largest peak in the
+// window of a container still running on the node (the footprint).
 //
 // # Rules
 //
-// Each GPU of a node is judged on its own, over the samples of the last
-// Window; the node gets the smallest answer of its GPUs (one device-plugin
-// config covers the node, and a replica is a share of one physical GPU, so
-// the tightest GPU sets the count).
+// Each GPU is judged on its own; the node gets the smallest answer of its
+// GPUs. GPUs the config leaves out of time-slicing are not judged.
 //
-// Footprint. Each container's peak over the window is the largest value it
-// had in any sample; the footprint estimate F is the largest of those peaks.
-// A new replica can go to any pod, and time-slicing does not isolate memory,
-// so a raise is sized for the hungriest pod seen, not for an average one: on
-// the seed homelab the mean of RIFE (8 GiB), YOLO and Real-ESRGAN (6 GiB) and
-// FFmpeg (0.5 GiB) is 5 GiB, and raises sized for 5 GiB pods that then admit
-// 8 GiB ones overcommit the GPU.
+// Lowering on evidence, at once, below the base if need be: a GPU OOM that
+// sharing caused (to the count the measured footprints fit, never above the
+// allocation at the OOM less one; a crash loop is one incident); measured
+// fullness (the pods holding replicas fill PressureThreshold without the
+// smallest of them, for PressureWindow: allocated − 1); above MaxReplicas.
 //
-// Capacity. Pods already running are measured, so only the pods a raise would
-// add are priced at F: a sample fits a count R when used + (R − allocated) × F
-// <= TargetUtilization × total, and the capacity is the largest R that every
-// sample of the window fits, allocated + floor((TargetUtilization × total −
-// used) / F) at the tightest sample. (Pricing every pod at F,
-// floor(TargetUtilization × total / F), treats the 0.5 GiB FFmpeg like an 8 GiB
-// RIFE; on the seed trace it held the node at 5 replicas with 20 GiB of 48 in
-// use and more than doubled the time pods waited.)
+// Lowering on a guess, never below the base: memory pressure (one less than
+// the pods holding replicas); with pods waiting, the count stops at the pods
+// the budget backs in queue order, and at allocated − 1 when not even the
+// smallest running pod's leaving makes room for the next; with nobody
+// waiting, free replicas the budget has not backed at a stranger's price
+// for a whole Window are given back.
 //
-// Lowering, at once:
-//   - GPU OOM. An OOM lowers only when sharing caused it: the GPU was full
-//     (the OOM says so, Kind OOMDevice, or, when it does not say, the
-//     memory in use at the OOM or the sample before it left less free than
-//     the largest footprint F) and at least two pods held replicas. An OOM
-//     raised by a per-process cap (Kind OOMCap, PyTorch's
-//     set_per_process_memory_fraction) is the application's own limit, an
-//     NVENC session failure (OOMEncoderSession) is no memory at all, and a
-//     lone pod's OOM, or one with 3 of 48 GiB in use, would happen at any
-//     count: none of them lowers or holds a raise back. A sharing OOM with A
-//     pods holding replicas proves that A did not fit; the target is the
-//     count the measured footprints fit, the largest k whose k hungriest
-//     container peaks sum to at most TargetUtilization × total, but never
-//     above A − 1 (the OOM's own evidence) nor above the current count (the
-//     current count stands for A when the allocation is unknown). The
-//     smallest target over the window's OOMs wins. Because the target is
-//     tied to the allocation at the OOM and not to the current count, a pod
-//     crash-looping on the same mix is one incident: it lowers once and does
-//     not ratchet the count down; a new OOM at a smaller mix lowers further.
-//   - Memory pressure. Used/total at or above PressureThreshold in every
-//     sample of the last PressureWindow says the pods holding replicas now
-//     fill the GPU too far: the target is one less than the latest allocated
-//     count (the current count when unknown), never above the current count.
-//     Like the OOM rule it does not ratchet while the same pods keep the
-//     pressure up, since lowering below them stops nothing that runs. Its
-//     guard against flapping: no lowering for pressure within PressureWindow
-//     of the last change (an OOM is never held back).
-//   - Above MaxReplicas: lowered to MaxReplicas.
+// Raising: for waiting pods, to allocated plus the longest queue prefix the
+// budget backs, several at once, bounded by MaxStepUp and MaxReplicas; a pod
+// of a workload still being learnt joins its first pod only at a price at
+// least twice what that one showed. With every replica taken and nobody
+// waiting, one spare replica when the budget backs a stranger, Cooldown
+// after the last change. No raise with a sharing OOM in the window, under
+// pressure, before the window is covered, or before the last change is
+// advertised; the container that OOMed on a full GPU with A pods is not
+// given A again while it runs.
 //
-// Raising, by at most MaxStepUp and never past MaxReplicas or the capacity,
-// only when all of these hold: no sharing OOM in the window; the samples
-// cover the whole window; Cooldown has passed since the last change; the
-// latest sample advertises the current count (the last change has taken
-// effect); and a pod needs a replica: every replica is allocated in the
-// latest sample, or a pending pod asks for more replicas than are free
-// (Observation.PendingRequest). Without demand a raise into free replicas
-// helps nobody now and bets on later memory with today's numbers: on the
-// seed trace, raising into free replicas carried a quiet night's 8 replicas
-// into the day and cost 18 OOM events instead of 3. Below the minimum the
-// count is raised to it at once.
-//
-// The footprint F that prices a raise is the node's, the largest container
-// peak on any of its GPUs: a new replica may go to any pod, and the pod a
-// GPU has not seen yet is the one that overflows it.
-//
-// GPUs the config leaves out of time-slicing (GPUObservation.Exclusive) are
-// not judged: their count does not follow the node's, so they never wait
-// for it to be advertised, and an OOM there says nothing about sharing.
-// Their containers still count towards the node's footprint.
-//
-// The least count is the larger of MinReplicas and Observation.Floor: a
-// config whose shared resource is renamed (nvidia.com/gpu.shared) would
-// advertise plain nvidia.com/gpu at 1 replica, and pods asking for the
-// shared name could never run again.
-//
-// Replicas 1 means exclusive: the applier writes a config without `sharing`,
-// because NVIDIA rejects replicas below 2. Pods already holding replica IDs
-// above a lowered count keep running; a lowering only stops new admissions.
+// Below the minimum (MinReplicas, or Observation.Floor for a renamed
+// resource) the count is raised to it at once. Replicas 1 means exclusive:
+// the applier writes a config without `sharing`.
 //
 // Samples with MemoryTotalBytes 0 (total unknown) prove neither headroom nor
 // pressure.
 package policy
 
 import (
-	"cmp"
 	"fmt"
-	"maps"
-	"math"
 	"slices"
 	"time"
 )
@@ -118,6 +95,10 @@ const (
 	ReasonNoWorkload           = "NoWorkload"           // hold: no container memory seen, no footprint
 	ReasonInsufficientHeadroom = "InsufficientHeadroom" // hold: capacity allows no more
 	ReasonNoGPUs               = "NoGPUs"               // hold: nothing observed on the node
+	ReasonRememberedOOM        = "RememberedOOM"        // hold: a workload here OOMed at the count a raise would give
+	ReasonUnbackedReplicas     = "UnbackedReplicas"     // down: free replicas the memory left could not back
+	ReasonMemoryFull           = "MemoryFull"           // down: the pods holding replicas fill the GPU to the pressure threshold even without the smallest
+	ReasonLearning             = "Learning"             // hold: the next pod's workload is still being learnt from its first pod
 )
 
 // Directions for Decision.Direction.
@@ -199,15 +180,23 @@ type Observation struct {
 	// the resource pods ask for (2 when it renames the shared resource); 0
 	// means no floor beyond MinReplicas.
 	Floor int
-	// PendingRequest is the most replicas one pending pod waiting for this
-	// node's resource asks for; 0 when none waits. `gpuslice-tuner run`
-	// gathers it from a cluster-wide informer over pending pods: those the
-	// scheduler marked Unschedulable, asking for the resource the node's
-	// config advertises, and whose nodeName and nodeSelector allow the
-	// node (affinity and taints are not evaluated; see
-	// internal/tuner/controller/pending.go).
-	PendingRequest int
-	GPUs           []GPUObservation
+	// Pending lists the pods waiting for a replica of this node's resource,
+	// oldest first: the demand a raise would serve.
+	Pending []PendingPod
+	// ContainerWorkloads maps the container keys of the samples to their
+	// workload keys (WorkloadKey); a key it lacks is its own workload.
+	ContainerWorkloads map[string]string
+	// Memory is the workload record, Remember's answer for this round.
+	Memory Memory
+	GPUs   []GPUObservation
+}
+
+// PendingPod is one pod waiting for a replica.
+type PendingPod struct {
+	// Workload is the pod's workload key (WorkloadKey).
+	Workload string
+	// Replicas is how many replicas it asks for (its resource request).
+	Replicas int
 }
 
 // Decision is the answer for one node.
@@ -242,6 +231,7 @@ func Decide(cfg Config, obs Observation) Decision {
 	for _, g := range obs.GPUs {
 		nodeFootprint = max(nodeFootprint, footprint(within(g.Samples, obs.Now.Add(-cfg.Window), obs.Now)))
 	}
+
 	var best Decision
 	judged := 0
 	for _, g := range obs.GPUs {
@@ -275,260 +265,6 @@ func direction(from, to int) string {
 	return DirectionNone
 }
 
-// gpuView is the part of a GPU's history that Decide looks at.
-type gpuView struct {
-	cfg     Config
-	now     time.Time
-	cur     int
-	pending int      // Observation.PendingRequest
-	window  []Sample // within [now−Window, now]
-	// footprint is the node's largest container peak in the window.
-	footprint uint64
-}
-
-func decideGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint uint64) Decision {
-	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas, pending: obs.PendingRequest}
-	v.window = within(g.Samples, obs.Now.Add(-cfg.Window), obs.Now)
-	v.footprint = nodeFootprint
-	d := v.decide(obs.LastChange)
-	d.FootprintBytes = v.footprint
-	d.GPU = g.UUID
-	d.Message = g.UUID + ": " + d.Message
-	return d
-}
-
-func (v gpuView) decide(lastChange time.Time) Decision {
-	cfg, cur := v.cfg, v.cur
-	sinceChange := time.Duration(math.MaxInt64)
-	if !lastChange.IsZero() {
-		sinceChange = v.now.Sub(lastChange)
-	}
-
-	// Lowerings: the smallest target wins; on equal targets the order below
-	// (OOM, pressure, bound) names the reason.
-	low := Decision{Replicas: cur}
-	lower := func(to int, reason, msg string) {
-		if to < low.Replicas {
-			low = Decision{Replicas: to, Reason: reason, Message: msg}
-		}
-	}
-	oi := v.ooms()
-	if oi.incidents > 0 {
-		lower(oi.target, ReasonGPUOOM, fmt.Sprintf(
-			"%d GPU OOM incident(s) on a full GPU in the last %s; %d pods did not fit together%s, lowering %d -> %d",
-			oi.incidents, cfg.Window, oi.alloc, oi.fits, cur, oi.target))
-	}
-	pressed, pressTarget, pressMsg := v.pressure()
-	if pressed && sinceChange >= cfg.PressureWindow {
-		lower(pressTarget, ReasonMemoryPressure, pressMsg+fmt.Sprintf(", lowering %d -> %d", cur, pressTarget))
-	}
-	if cur > cfg.MaxReplicas {
-		lower(cfg.MaxReplicas, ReasonAboveMaximum, fmt.Sprintf("%d replicas is above maxReplicas %d", cur, cfg.MaxReplicas))
-	}
-	if low.Replicas < cur {
-		return low
-	}
-	if cur < cfg.MinReplicas {
-		return Decision{Replicas: cfg.MinReplicas, Reason: ReasonBelowMinimum,
-			Message: fmt.Sprintf("%d replicas is below minReplicas %d", cur, cfg.MinReplicas)}
-	}
-
-	hold := func(reason, format string, args ...any) Decision {
-		return Decision{Replicas: cur, Reason: reason, Message: fmt.Sprintf(format, args...)}
-	}
-	switch {
-	case oi.incidents > 0:
-		return hold(ReasonRecentOOM, "%d GPU OOM incident(s) on a full GPU in the last %s, keeping %d replicas", oi.incidents, cfg.Window, cur)
-	case pressed && pressTarget >= cur:
-		return hold(ReasonOngoingPressure, "%s; %d replicas is already below them, keeping it", pressMsg, cur)
-	case pressed:
-		return hold(ReasonMemoryPressureGuard, "%s, but the last change was %s ago (< pressureWindow %s), keeping %d replicas",
-			pressMsg, sinceChange, cfg.PressureWindow, cur)
-	case cur >= cfg.MaxReplicas:
-		return hold(ReasonAtMaximum, "%d replicas is maxReplicas", cur)
-	case sinceChange < cfg.Cooldown:
-		return hold(ReasonCooldown, "last change %s ago, cooldown %s, keeping %d replicas", sinceChange, cfg.Cooldown, cur)
-	case !covers(v.window, v.now.Add(-cfg.Window), v.now, cfg.SampleInterval):
-		return hold(ReasonInsufficientHistory, "samples cover less than the %s window (%d samples, one every %s expected), keeping %d replicas",
-			cfg.Window, len(v.window), cfg.SampleInterval, cur)
-	}
-	latest := v.window[len(v.window)-1]
-	if latest.ReplicasAdvertised != 0 && latest.ReplicasAdvertised != cur {
-		return hold(ReasonAwaitingApply, "%d replicas advertised, %d decided: the last change has not taken effect", latest.ReplicasAdvertised, cur)
-	}
-	if free := cur - latest.ReplicasAllocated; free > 0 && v.pending <= free {
-		return hold(ReasonFreeReplicas, "%d of %d replicas are free, no pod needs another, keeping %d replicas", free, cur, cur)
-	}
-	if v.footprint == 0 {
-		return hold(ReasonNoWorkload, "no container memory seen in the last %s, no footprint to size a raise, keeping %d replicas", cfg.Window, cur)
-	}
-	want := min(cur+cfg.MaxStepUp, cfg.MaxReplicas)
-	fit, worst := v.fit()
-	if fit <= cur {
-		return hold(ReasonInsufficientHeadroom, "at %s %s of %s used with %d allocated: one more pod of %s would pass %.0f%%, keeping %d replicas",
-			worst.Time.Format(time.RFC3339), gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated,
-			gib(v.footprint), 100*cfg.TargetUtilization, cur)
-	}
-	to := min(want, fit)
-	return Decision{Replicas: to, Reason: ReasonSustainedHeadroom, Message: fmt.Sprintf(
-		"for %s every sample would have fit %d replicas, each new pod taking %s, under %.0f%% (tightest: %s of %s used with %d allocated), raising %d -> %d",
-		cfg.Window, fit, gib(v.footprint), 100*cfg.TargetUtilization,
-		gib(worst.MemoryUsedBytes), gib(worst.MemoryTotalBytes), worst.ReplicasAllocated, cur, to)}
-}
-
-// oomIncidents is what the window's OOM events call for.
-type oomIncidents struct {
-	// incidents counts the OOMs that sharing caused, a container's repeats
-	// (a crash loop) once.
-	incidents int
-	// target is the count they call for, alloc the allocation at the OOM
-	// that set it and fits why.
-	target, alloc int
-	fits          string
-}
-
-// ooms classifies the window's OOM events (see the package doc).
-func (v gpuView) ooms() oomIncidents {
-	out := oomIncidents{target: v.cur}
-	seen := map[string]bool{}
-	for i, s := range v.window {
-		if s.OOMEvents <= 0 && len(s.OOMs) == 0 {
-			continue
-		}
-		a := s.ReplicasAllocated
-		if a <= 0 {
-			a = v.cur
-		}
-		if a < 2 {
-			continue // a lone pod: it would run out at any count
-		}
-		full := v.fullAt(i)
-		sharing := 0
-		for k := range max(s.OOMEvents, len(s.OOMs)) {
-			var o OOM
-			if k < len(s.OOMs) {
-				o = s.OOMs[k]
-			}
-			if o.Kind == OOMCap || o.Kind == OOMEncoderSession || (o.Kind == OOMUnknown && !full) {
-				continue
-			}
-			sharing++
-			if o.Container == "" || !seen[o.Container] {
-				out.incidents++
-			}
-			if o.Container != "" {
-				seen[o.Container] = true
-			}
-		}
-		if sharing == 0 {
-			continue
-		}
-		k, fits := v.fitting(s.MemoryTotalBytes)
-		if t := min(a-1, k); t < out.target {
-			out.target, out.alloc, out.fits = t, a, fits
-		}
-	}
-	out.target = max(out.target, v.cfg.MinReplicas)
-	return out
-}
-
-// fullAt says whether the GPU was full at the OOM of window[i]: the memory in
-// use then, or at the sample before (the failed process may already be
-// gone), left less free than the footprint (or than the pressure margin,
-// when no footprint is known).
-func (v gpuView) fullAt(i int) bool {
-	s := v.window[i]
-	if s.MemoryTotalBytes == 0 {
-		return true // nothing proves room: trust the OOM
-	}
-	used := s.MemoryUsedBytes
-	if i > 0 && v.window[i-1].MemoryTotalBytes == s.MemoryTotalBytes {
-		used = max(used, v.window[i-1].MemoryUsedBytes)
-	}
-	margin := max(v.footprint, uint64((1-v.cfg.PressureThreshold)*float64(s.MemoryTotalBytes)))
-	return used+margin > s.MemoryTotalBytes
-}
-
-// fitting is the count the measured footprints fit on a GPU of total bytes:
-// the largest k whose k hungriest container peaks of the window sum to at
-// most TargetUtilization × total (math.MaxInt when no peak is known, so that
-// the OOM's own evidence decides).
-func (v gpuView) fitting(total uint64) (int, string) {
-	peaks := map[string]uint64{}
-	for _, s := range v.window {
-		for c, p := range s.ContainerPeaks {
-			peaks[c] = max(peaks[c], p)
-		}
-	}
-	if len(peaks) == 0 || total == 0 {
-		return math.MaxInt, ""
-	}
-	sorted := slices.SortedFunc(maps.Values(peaks), func(a, b uint64) int { return cmp.Compare(b, a) })
-	budget := v.cfg.TargetUtilization * float64(total)
-	var sum float64
-	k := 0
-	for _, p := range sorted {
-		if sum+float64(p) > budget {
-			break
-		}
-		sum += float64(p)
-		k++
-	}
-	if k == len(sorted) {
-		return math.MaxInt, ""
-	}
-	return max(k, 1), fmt.Sprintf(" and only the %d hungriest measured pods fit %.0f%% of %s", max(k, 1), 100*v.cfg.TargetUtilization, gib(total))
-}
-
-// pressure says whether every sample of the last PressureWindow was at or
-// above the threshold, and the count that calls for.
-func (v gpuView) pressure() (bool, int, string) {
-	from := v.now.Add(-v.cfg.PressureWindow)
-	ss := within(v.window, from, v.now)
-	if !covers(ss, from, v.now, v.cfg.SampleInterval) {
-		return false, 0, ""
-	}
-	lowest := math.Inf(1)
-	for _, s := range ss {
-		if s.MemoryTotalBytes == 0 {
-			return false, 0, ""
-		}
-		r := float64(s.MemoryUsedBytes) / float64(s.MemoryTotalBytes)
-		if r < v.cfg.PressureThreshold {
-			return false, 0, ""
-		}
-		lowest = min(lowest, r)
-	}
-	alloc := ss[len(ss)-1].ReplicasAllocated
-	target := v.cur
-	if alloc > 0 {
-		target = min(target, alloc-1)
-	} else {
-		target = v.cur - 1
-	}
-	target = max(target, v.cfg.MinReplicas)
-	return true, target, fmt.Sprintf("memory at or above %.0f%% for %s (lowest %.1f%%) with %d allocated",
-		100*v.cfg.PressureThreshold, v.cfg.PressureWindow, 100*lowest, alloc)
-}
-
-// fit returns the largest count that every sample of the window would still
-// have fit, each pod beyond the allocated ones bringing the footprint, and
-// the sample that limited it.
-func (v gpuView) fit() (int, Sample) {
-	fit, worst := math.MaxInt, v.window[0]
-	for _, s := range v.window {
-		n := 0 // a sample without a total, or already over the target, fits nothing more
-		budget := v.cfg.TargetUtilization*float64(s.MemoryTotalBytes) - float64(s.MemoryUsedBytes)
-		if s.MemoryTotalBytes > 0 && budget >= 0 {
-			n = s.ReplicasAllocated + int(math.Floor(budget/float64(v.footprint)))
-		}
-		if n < fit {
-			fit, worst = n, s
-		}
-	}
-	return fit, worst
-}
-
 // within returns the samples with from <= Time <= to, keeping their order.
 func within(ss []Sample, from, to time.Time) []Sample {
 	lo, _ := slices.BinarySearchFunc(ss, from, func(s Sample, t time.Time) int { return s.Time.Compare(t) })
@@ -553,15 +289,38 @@ func covers(ss []Sample, from, to time.Time, interval time.Duration) bool {
 	return true
 }
 
-// footprint is the largest per-container peak in the samples.
+// footprint is the largest peak in the samples of a container still
+// running at the last of them.
 func footprint(ss []Sample) uint64 {
+	if len(ss) == 0 {
+		return 0
+	}
 	var f uint64
+	running := ss[len(ss)-1].ContainerPeaks
 	for _, s := range ss {
-		for _, p := range s.ContainerPeaks {
-			f = max(f, p)
+		for c, p := range s.ContainerPeaks {
+			if _, ok := running[c]; ok {
+				f = max(f, p)
+			}
 		}
 	}
 	return f
 }
 
 func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+// gibs writes prices as "6.0 GiB, 6.0 GiB and 8.0 GiB".
+func gibs(bs []uint64) string {
+	var out string
+	for i, b := range bs {
+		switch {
+		case i == 0:
+		case i == len(bs)-1:
+			out += " and "
+		default:
+			out += ", "
+		}
+		out += gib(b)
+	}
+	return out
+}

@@ -66,6 +66,14 @@ func node(cur int, lastChange time.Time, ss []Sample) Observation {
 		GPUs: []GPUObservation{{UUID: "GPU-a6000", Samples: ss}}}
 }
 
+// waiting adds n pending pods of n workloads never seen to o.
+func waiting(n int, o Observation) Observation {
+	for i := range n {
+		o.Pending = append(o.Pending, PendingPod{Workload: fmt.Sprintf("new-%d", i), Replicas: 1})
+	}
+	return o
+}
+
 func TestDecide(t *testing.T) {
 	def := DefaultConfig()
 	cfg := func(change func(*Config)) Config { c := DefaultConfig(); change(&c); return c }
@@ -97,15 +105,19 @@ func TestDecide(t *testing.T) {
 		{"raise after sustained headroom", def, node(4, time.Time{}, roomy), 5, ReasonSustainedHeadroom, DirectionUp},
 		{"raise after cooldown has passed", def, node(4, now.Add(-def.Cooldown), roomy), 5, ReasonSustainedHeadroom, DirectionUp},
 		{"raise is bounded by maxStepUp", cfg(func(c *Config) { c.MaxStepUp = 2 }),
-			node(2, time.Time{}, history(10*time.Minute, steady(8*GiB, 2, 2, map[string]uint64{"a": 4 * GiB, "b": 4 * GiB}))),
+			waiting(4, node(2, time.Time{}, history(10*time.Minute, steady(8*GiB, 2, 2, map[string]uint64{"a": 4 * GiB, "b": 4 * GiB})))),
+			4, ReasonSustainedHeadroom, DirectionUp},
+		{"a raise adds no more replicas than pods wait for", def,
+			waiting(2, node(2, time.Time{}, history(10*time.Minute, steady(8*GiB, 2, 2, map[string]uint64{"a": 4 * GiB, "b": 4 * GiB})))),
 			4, ReasonSustainedHeadroom, DirectionUp},
 		{"running pods are measured, only new pods are priced at the footprint", cfg(func(c *Config) { c.MaxStepUp = 4 }),
 			// 43.2 GiB target - 20.5 GiB used takes two more 8 GiB pods, though 43.2 / 8 = 5
-			node(4, time.Time{}, roomy), 6, ReasonSustainedHeadroom, DirectionUp},
-		{"raise is bounded by the headroom of the tightest sample", cfg(func(c *Config) { c.MaxStepUp = 4 }),
-			// 43.2 GiB target - 38 GiB used leaves room for two 2 GiB pods
-			node(2, time.Time{}, with(history(10*time.Minute, steady(4*GiB, 2, 2, map[string]uint64{"a": 2 * GiB, "b": 2 * GiB})),
-				func(i int, _ Sample) bool { return i == 7 }, func(s *Sample) { s.MemoryUsedBytes = 38 * GiB })),
+			waiting(4, node(4, time.Time{}, roomy)), 6, ReasonSustainedHeadroom, DirectionUp},
+		{"memory no container accounts for is reserved at the most it held in the window", cfg(func(c *Config) { c.MaxStepUp = 4 }),
+			// 34 GiB outside the pods at one sample: 43.2 - 4 - 34 GiB
+			// leaves room for two 2 GiB pods
+			waiting(4, node(2, time.Time{}, with(history(10*time.Minute, steady(4*GiB, 2, 2, map[string]uint64{"a": 2 * GiB, "b": 2 * GiB})),
+				func(i int, _ Sample) bool { return i == 7 }, func(s *Sample) { s.MemoryUsedBytes = 38 * GiB }))),
 			4, ReasonSustainedHeadroom, DirectionUp},
 		{"hold in cooldown", def, node(4, now.Add(-def.Cooldown+time.Second), roomy), 4, ReasonCooldown, DirectionNone},
 		{"insufficient history: window half covered", def,
@@ -126,9 +138,9 @@ func TestDecide(t *testing.T) {
 			2, ReasonInsufficientHeadroom, DirectionNone},
 		{"no raise into free replicas", def,
 			node(5, time.Time{}, history(10*time.Minute, steady(servicesUsed, 4, 5, servicePeaks))), 5, ReasonFreeReplicas, DirectionNone},
-		{"pods above a lowered count that fit again win their replicas back", def,
-			node(5, time.Time{}, history(10*time.Minute, steady(servicesUsed, 6, 5, servicePeaks))), 6, ReasonSustainedHeadroom, DirectionUp},
-		{"no raise when one sample lacked room", def,
+		{"pods above a lowered count that fit again win their replicas back, and room for the next", def,
+			node(5, time.Time{}, history(10*time.Minute, steady(servicesUsed, 6, 5, servicePeaks))), 7, ReasonSustainedHeadroom, DirectionUp},
+		{"no raise when memory outside the pods took the room once in the window", def,
 			node(4, time.Time{}, with(roomy, func(i int, _ Sample) bool { return i == 20 }, func(s *Sample) { s.MemoryUsedBytes = 36 * GiB })),
 			4, ReasonInsufficientHeadroom, DirectionNone},
 		{"no raise while an OOM is in the window", def,
@@ -174,7 +186,33 @@ func TestDecide(t *testing.T) {
 				}
 				return s
 			})), 4, ReasonInsufficientHeadroom, DirectionNone},
-		{"above maxReplicas", def, node(10, time.Time{}, roomy), 8, ReasonAboveMaximum, DirectionDown},
+		{"above maxReplicas", cfg(func(c *Config) { c.MaxReplicas = 8 }),
+			node(10, time.Time{}, history(10*time.Minute, steady(servicesUsed, 10, 10, servicePeaks))), 8, ReasonAboveMaximum, DirectionDown},
+		{"free replicas the memory left cannot back are given up", def,
+			// 43.2 - 20.5 GiB backs two more pods of 8 GiB, not six
+			node(10, time.Time{}, roomy), 6, ReasonUnbackedReplicas, DirectionDown},
+		{"free replicas idle for less than a window are kept", def,
+			node(10, time.Time{}, with(history(10*time.Minute, steady(servicesUsed, 4, 10, servicePeaks)),
+				func(i int, _ Sample) bool { return i < 20 }, func(s *Sample) { s.ReplicasAllocated = 10 })),
+			10, ReasonFreeReplicas, DirectionNone},
+		{"a replica a waiting pod would take is given up when the memory left cannot back it", def,
+			// 40.5 GiB used with 5 allocated: 2.7 GiB left under 90%, the
+			// stranger in the queue is priced at the 20 GiB fine-tune; not
+			// even the 0.5 GiB transcoder's leaving would make room for it,
+			// so the replica that pod leaves is not handed on either
+			waiting(1, node(6, now.Add(-time.Minute), history(10*time.Minute, steady(40*GiB+GiB/2, 5, 6, withPeak(servicePeaks, "ml/lora/train", 20*GiB))))),
+			4, ReasonUnbackedReplicas, DirectionDown},
+		{"pods waiting are raised for as far as the memory backs them, whatever the last change", def,
+			// 43.2 - 28 GiB backs one stranger of 8 GiB, not two
+			waiting(3, node(5, now.Add(-time.Minute), history(10*time.Minute, steady(28*GiB, 5, 5, withPeak(servicePeaks, "ml/esrgan/up", 7*GiB))))),
+			6, ReasonSustainedHeadroom, DirectionUp},
+		{"running pods past the target with pods waiting: the next replica left is given up", def,
+			waiting(1, node(6, now.Add(-time.Minute), history(10*time.Minute, steady(44*GiB, 6, 6, withPeak(servicePeaks, "ml/lora/train", 18*GiB))))),
+			5, ReasonUnbackedReplicas, DirectionDown},
+		{"replicas beyond those the queue takes are left to the idle rule", def,
+			// two free, one pod waiting and backed (6 GiB of 22.7 left)
+			waiting(1, node(6, now.Add(-time.Minute), history(10*time.Minute, steady(servicesUsed, 4, 6, servicePeaks)))),
+			6, ReasonFreeReplicas, DirectionNone},
 		{"OOM below maxReplicas names the OOM", def, node(10, time.Time{}, with(roomy, last(1), oomAt(7))), 6, ReasonGPUOOM, DirectionDown},
 		{"below minReplicas", cfg(func(c *Config) { c.MinReplicas = 3 }), node(2, time.Time{}, nil), 3, ReasonBelowMinimum, DirectionUp},
 		{"at maxReplicas", cfg(func(c *Config) { c.MaxReplicas = 4 }), node(4, time.Time{}, roomy), 4, ReasonAtMaximum, DirectionNone},
@@ -219,13 +257,13 @@ func TestDecide(t *testing.T) {
 		{"a pending pod asking for 2 with 1 free is demand", def,
 			func() Observation {
 				o := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 3, 4, servicePeaks)))
-				o.PendingRequest = 2
+				o.Pending = []PendingPod{{Workload: "train", Replicas: 2}}
 				return o
 			}(), 5, ReasonSustainedHeadroom, DirectionUp},
 		{"a pending pod that fits the free replicas is no demand", def,
 			func() Observation {
 				o := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 3, 4, servicePeaks)))
-				o.PendingRequest = 1
+				o.Pending = []PendingPod{{Workload: "train", Replicas: 1}}
 				return o
 			}(), 4, ReasonFreeReplicas, DirectionNone},
 	}
@@ -251,19 +289,24 @@ func TestDecideFootprintAndMessage(t *testing.T) {
 	if d.FootprintBytes != 8*GiB {
 		t.Errorf("footprint = %d, want the largest container peak %d", d.FootprintBytes, 8*GiB)
 	}
-	for _, want := range []string{"GPU-a6000", "fit 6 replicas", "8.0 GiB", "20.5 GiB", "4 -> 5"} {
+	for _, want := range []string{"GPU-a6000", "every replica is taken", "8.0 GiB", "20.5 GiB", "22.7 GiB", "one spare", "4 -> 5"} {
 		if !strings.Contains(d.Message, want) {
 			t.Errorf("message %q lacks %q", d.Message, want)
 		}
 	}
-	// A container peak seen once, 9 minutes ago, still sizes the raise: one
-	// more 18 GiB pod fits beside 20.5 GiB, two would not.
-	cfg := DefaultConfig()
-	cfg.MaxStepUp = 4
-	ss := history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
+	// A container still running is priced at its peak in the window, seen
+	// once 9 minutes ago: one more 18 GiB pod fits beside 20.5 GiB (and
+	// the trainer, at 2 GiB now, may go back to its 18), two would not.
+	ss := history(10*time.Minute, steady(servicesUsed+2*GiB, 5, 5, withPeak(servicePeaks, "batch/train/train", 2*GiB)))
+	ss[4].ContainerPeaks = withPeak(servicePeaks, "batch/train/train", 18*GiB)
+	if d := Decide(DefaultConfig(), node(5, time.Time{}, ss)); d.FootprintBytes != 18*GiB || d.Reason != ReasonInsufficientHeadroom {
+		t.Errorf("got footprint %d, %d replicas %s, want 18 GiB and no raise (%s)", d.FootprintBytes, d.Replicas, d.Reason, d.Message)
+	}
+	// A container gone prices no stranger.
+	ss = history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
 	ss[4].ContainerPeaks = map[string]uint64{"batch/train/train": 18 * GiB}
-	if d := Decide(cfg, node(4, time.Time{}, ss)); d.FootprintBytes != 18*GiB || d.Replicas != 5 {
-		t.Errorf("got footprint %d, %d replicas, want 18 GiB and 5 (%s)", d.FootprintBytes, d.Replicas, d.Message)
+	if d := Decide(DefaultConfig(), node(4, time.Time{}, ss)); d.FootprintBytes != 8*GiB || d.Replicas != 5 {
+		t.Errorf("got footprint %d, %d replicas, want 8 GiB and 5 (%s)", d.FootprintBytes, d.Replicas, d.Message)
 	}
 }
 
@@ -323,8 +366,8 @@ func TestDecideTightestGPUHoldsTheNode(t *testing.T) {
 // has room for one more of its 8.5 GiB pods, but the replica may go to the
 // 20 GiB pod seen on GPU-0 and overflow GPU-1.
 func TestDecideRaisePricedAtTheNodesLargestPod(t *testing.T) {
-	gpu0 := history(10*time.Minute, steady(21*GiB, 2, 2, map[string]uint64{"a/train/c": 20 * GiB}))
-	gpu1 := history(10*time.Minute, steady(25*GiB, 2, 2, map[string]uint64{"a/yolo/c": 8*GiB + GiB/2}))
+	gpu0 := history(10*time.Minute, steady(21*GiB, 2, 2, map[string]uint64{"a/train/c": 20 * GiB, "a/ffmpeg/c": GiB}))
+	gpu1 := history(10*time.Minute, steady(25*GiB, 2, 2, map[string]uint64{"a/yolo/c": 8*GiB + GiB/2, "a/esrgan/c": 16*GiB + GiB/2}))
 	obs := Observation{Node: "n", Now: now, CurrentReplicas: 2, GPUs: []GPUObservation{{UUID: "GPU-0", Samples: gpu0}, {UUID: "GPU-1", Samples: gpu1}}}
 	d := Decide(DefaultConfig(), obs)
 	if d.Replicas != 2 || d.Reason != ReasonInsufficientHeadroom || d.GPU != "GPU-1" || d.FootprintBytes != 20*GiB {
@@ -423,4 +466,13 @@ func BenchmarkDecideRound(b *testing.B) {
 			Decide(cfg, obs)
 		}
 	}
+}
+
+// withPeak is peaks with one more container.
+func withPeak(peaks map[string]uint64, c string, p uint64) map[string]uint64 {
+	out := map[string]uint64{c: p}
+	for k, v := range peaks {
+		out[k] = v
+	}
+	return out
 }

@@ -72,6 +72,7 @@ type Exporters struct {
 	mu       sync.Mutex
 	trackers map[string]*oomTracker // by Target.ID
 	failing  map[string]bool        // by Target.ID, to log state changes only
+	idle     map[string]idleLook    // by node: the latest scrape's holders
 }
 
 // NewExporters builds the source; Run starts it.
@@ -198,6 +199,11 @@ func (e *Exporters) ScrapeOnce(ctx context.Context) {
 			delete(e.failing, id)
 		}
 	}
+	for node, l := range e.idle {
+		if e.now().Sub(l.at) > idleStale*e.o.Interval {
+			delete(e.idle, node)
+		}
+	}
 	e.mu.Unlock()
 	e.window.Prune(e.now())
 }
@@ -224,6 +230,10 @@ func (e *Exporters) scrape(ctx context.Context, t Target) {
 		e.trackers[t.ID] = tr
 	}
 	e.window.Add(t.Node, tr.samples(r, at))
+	if e.idle == nil {
+		e.idle = map[string]idleLook{}
+	}
+	e.idle[t.Node] = idleLook{at: at, holders: r.holders()}
 }
 
 func (e *Exporters) fetch(ctx context.Context, url string) (Reading, error) {

@@ -44,6 +44,9 @@ type GPUReading struct {
 	// each of its events is reported with.
 	OOMCounters map[string]float64
 	OOMSeries   map[string]policy.OOM
+	// Idle maps ContainerKey to the container's idle gauge on this GPU
+	// (MetricContainerIdle): every container holding replica IDs of it.
+	Idle map[string]IdleHolder
 }
 
 // Reading is one scrape of one exporter: its GPUs by UUID. A GPU is in it
@@ -69,7 +72,7 @@ func ParseExposition(r io.Reader) (Reading, error) {
 	}
 	each(MetricMemoryTotal, func(l map[string]string, v float64) {
 		if u := l["uuid"]; u != "" {
-			out[u] = &GPUReading{Index: l["gpu"], MemoryTotalBytes: toBytes(v), Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}}
+			out[u] = &GPUReading{Index: l["gpu"], MemoryTotalBytes: toBytes(v), Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}, Idle: map[string]IdleHolder{}}
 		}
 	})
 	gpu := func(l map[string]string) *GPUReading { return out[l["uuid"]] }
@@ -91,6 +94,12 @@ func ParseExposition(r io.Reader) (Reading, error) {
 	each(MetricReplicasAllocated, func(l map[string]string, v float64) {
 		if g := gpu(l); g != nil {
 			g.ReplicasAllocated += int(math.Round(v))
+		}
+	})
+	each(MetricContainerIdle, func(l map[string]string, v float64) {
+		if g := gpu(l); g != nil && l["pod"] != "" {
+			g.Idle[ContainerKey(l["namespace"], l["pod"], l["container"])] = IdleHolder{
+				Namespace: l["namespace"], Pod: l["pod"], Container: l["container"], Idle: seconds(v)}
 		}
 	})
 	each(MetricOOMEvents, func(l map[string]string, v float64) {

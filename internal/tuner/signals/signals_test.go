@@ -34,6 +34,10 @@ gpuslice_gpu_replicas_allocated{gpu="0",resource="nvidia.com/gpu",uuid="GPU-a"} 
 gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="log",uuid="GPU-a"} 2
 gpuslice_gpu_oom_events_total{container="main",gpu="0",namespace="ml",pod="yolo",source="termination",uuid="GPU-a"} 1
 gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="process-cap",namespace="ml",pod="llm",source="log",uuid="GPU-a"} 1
+# TYPE gpuslice_container_gpu_idle_seconds gauge
+gpuslice_container_gpu_idle_seconds{container="main",gpu="0",namespace="ml",pod="yolo",uuid="GPU-a"} 0
+gpuslice_container_gpu_idle_seconds{container="jupyter",gpu="0",namespace="lab",pod="nb",uuid="GPU-a"} 7260.5
+gpuslice_container_gpu_idle_seconds{container="x",gpu="9",namespace="lab",pod="gone",uuid="GPU-failed"} 60
 # TYPE go_goroutines gauge
 go_goroutines 12
 `
@@ -51,8 +55,13 @@ func TestParseExposition(t *testing.T) {
 			OOMCounters: map[string]float64{"ml/yolo/main/log/": 2, "ml/yolo/main/termination/": 1, "ml/llm/train/log/process-cap": 1},
 			OOMSeries: map[string]policy.OOM{"ml/yolo/main/log/": {Container: "ml/yolo/main"}, "ml/yolo/main/termination/": {Container: "ml/yolo/main"},
 				"ml/llm/train/log/process-cap": {Container: "ml/llm/train", Kind: policy.OOMCap}},
+			Idle: map[string]IdleHolder{
+				"ml/yolo/main":   {Namespace: "ml", Pod: "yolo", Container: "main"},
+				"lab/nb/jupyter": {Namespace: "lab", Pod: "nb", Container: "jupyter", Idle: 7260500 * time.Millisecond},
+			},
 		},
-		"GPU-b": {Index: "1", MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}},
+		"GPU-b": {Index: "1", MemoryTotalBytes: 16e9, ReplicasAdvertised: 1, Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{},
+			Idle: map[string]IdleHolder{}},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("reading (-want +got):\n%s", d)

@@ -146,6 +146,8 @@ func TestSourcesOnSimulatedNodes(t *testing.T) {
 		{Namespace: "ml", Name: "yolo", Containers: []*simnode.Container{yolo}},
 		{Namespace: "media", Name: "ffmpeg", Containers: []*simnode.Container{{Name: "enc", Replicas: map[string][]int{a0: {1}},
 			Processes: []simnode.Process{{PID: 102, GPU: a0, MemoryBytes: gib / 2, SM: 0.1}}}}},
+		// A notebook holding a replica with no process: an idle holder.
+		{Namespace: "lab", Name: "notebook", Containers: []*simnode.Container{{Name: "jupyter", Replicas: map[string][]int{a0: {2}}}}},
 	}
 	nb, err := simnode.New("gpu-b", t.TempDir())
 	if err != nil {
@@ -253,10 +255,42 @@ scrape_configs:
 					return fmt.Sprintf("gpu-a memory %d/%d", ga.MemoryUsedBytes, ga.MemoryTotalBytes)
 				case ga.ContainerPeaks["ml/yolo/main"] != 6*gib || ga.ContainerPeaks["media/ffmpeg/enc"] != gib/2:
 					return fmt.Sprintf("gpu-a containers %v", ga.ContainerPeaks)
-				case ga.ReplicasAdvertised != 4 || ga.ReplicasAllocated != 2:
+				case ga.ReplicasAdvertised != 4 || ga.ReplicasAllocated != 3:
 					return fmt.Sprintf("gpu-a replicas %d advertised, %d allocated", ga.ReplicasAdvertised, ga.ReplicasAllocated)
 				case b[b1].ContainerPeaks["ml/rife/main"] != 8*gib || b[b1].ReplicasAllocated != 2 || b[b0].ReplicasAllocated != 0 || b[b0].ReplicasAdvertised != 2:
 					return fmt.Sprintf("gpu-b %+v", b)
+				}
+				return ""
+			})
+		})
+	}
+
+	for _, s := range sources {
+		t.Run(s.name+"/idle holders", func(t *testing.T) {
+			is, ok := s.src.(IdleSource)
+			if !ok {
+				t.Fatalf("%T is not an IdleSource", s.src)
+			}
+			poll(t, 30*time.Second, func() string {
+				hs, err := is.IdleHolders(ctx, time.Now())
+				if err != nil {
+					return err.Error()
+				}
+				a := hs["gpu-a"]
+				if len(a) != 3 {
+					return fmt.Sprintf("gpu-a holders %+v, want 3", a)
+				}
+				// Longest idle first: the notebook, then the two busy ones.
+				if h := a[0]; h.Namespace != "lab" || h.Pod != "notebook" || h.Container != "jupyter" || h.UUID != a0 || h.GPU != "0" || h.Idle < time.Second {
+					return fmt.Sprintf("first holder %+v, want lab/notebook/jupyter idle for a second or more", h)
+				}
+				for _, h := range a[1:] {
+					if h.Idle != 0 {
+						return fmt.Sprintf("busy holder %+v idle", h)
+					}
+				}
+				if b := hs["gpu-b"]; len(b) != 1 || b[0].Pod != "rife" || b[0].UUID != b1 {
+					return fmt.Sprintf("gpu-b holders %+v, want ml/rife on %s", b, b1)
 				}
 				return ""
 			})

@@ -20,8 +20,10 @@
 // controller samples it: total and used memory at the tick, each container's
 // peak since the previous tick, OOM events since the previous tick, replicas
 // advertised and allocated. The policy sees the samples of its History
-// window in a policy.Observation, so `tuner` runs policy.Decide itself. A
-// change takes effect at once.
+// window and the pods waiting, with their workload keys, in a
+// policy.Observation, so `tuner` runs policy.Round itself, carrying the
+// workload memory from tick to tick as the controller does from round to
+// round. A change takes effect at once.
 package sim
 
 import (
@@ -60,7 +62,7 @@ type Policy interface {
 	Decide(obs policy.Observation) policy.Decision
 }
 
-// Tuner is the tuner's own policy, policy.Decide with Config.
+// Tuner is the tuner's own policy, policy.Round with Config.
 type Tuner struct{ Config policy.Config }
 
 func (Tuner) Name() string                                    { return "tuner" }
@@ -68,6 +70,17 @@ func (Tuner) Start(initial int) int                           { return initial }
 func (t Tuner) Tick() time.Duration                           { return t.Config.SampleInterval }
 func (t Tuner) History() time.Duration                        { return t.Config.Window }
 func (t Tuner) Decide(obs policy.Observation) policy.Decision { return policy.Decide(t.Config, obs) }
+
+// Round is policy.Round with Config: the tuner remembers workloads from tick
+// to tick as the controller does from round to round.
+func (t Tuner) Round(obs policy.Observation) (policy.Decision, policy.Memory) {
+	return policy.Round(t.Config, obs)
+}
+
+// rounder is a Policy that keeps a workload memory between ticks.
+type rounder interface {
+	Round(obs policy.Observation) (policy.Decision, policy.Memory)
+}
 
 // Static keeps Replicas for the whole replay, whatever the trace's
 // initialReplicas: what a hand-written device-plugin config does.
@@ -104,9 +117,17 @@ func ParsePolicy(spec string, cfg policy.Config) (Policy, error) {
 type Result struct {
 	Policy    string `json:"policy"`
 	OOMEvents int    `json:"oomEvents"`
+	// RaiseOOMEvents are the OOM events that a raise let happen: at each,
+	// more pods held replicas than the count before the policy's latest
+	// raise allowed. A static policy has none.
+	RaiseOOMEvents int `json:"raiseOOMEvents"`
 	// PodSecondsPending is time pods waited for a replica, counting pods
 	// still waiting at the end up to the end.
 	PodSecondsPending float64 `json:"podSecondsPending"`
+	// PodSecondsPendingWarmup is the part of PodSecondsPending before the
+	// policy's first full History window: time in which it has, by design,
+	// not watched long enough to act.
+	PodSecondsPendingWarmup float64 `json:"podSecondsPendingWarmup"`
 	// PodSecondsRunning is time pods held a replica, OOM restarts included.
 	PodSecondsRunning float64 `json:"podSecondsRunning"`
 	ReplicaChanges    int     `json:"replicaChanges"`
@@ -126,6 +147,8 @@ type Result struct {
 	MinReplicas       int      `json:"minReplicas"`
 	MaxReplicas       int      `json:"maxReplicas"`
 	Changes           []Change `json:"changes"`
+	// waits is each pod's time pending, in trace order (TestReplay).
+	waits []time.Duration
 }
 
 // Change is one replica change.
@@ -182,12 +205,17 @@ type replay struct {
 	held     int // pods holding a replica
 	replicas int
 	changed  time.Time
-	samples  []policy.Sample
-	newOOMs  []policy.OOM // since the previous tick
-	nextTick time.Duration
-	res      Result
-	pending  time.Duration
-	lost     time.Duration
+	// beforeRaise is the count before the latest raise; 0 before any.
+	beforeRaise int
+	mem         policy.Memory
+	workloads   map[string]string // pod name -> workload, read-only
+	samples     []policy.Sample
+	newOOMs     []policy.OOM // since the previous tick
+	nextTick    time.Duration
+	res         Result
+	pending     time.Duration
+	warmup      time.Duration
+	lost        time.Duration
 }
 
 // Run replays tr under p. It is deterministic.
@@ -199,8 +227,10 @@ func Run(tr *Trace, p Policy) (*Result, error) {
 	if r.replicas < 1 {
 		return nil, fmt.Errorf("%w: %s starts at %d replicas", ErrBadPolicy, p.Name(), r.replicas)
 	}
+	r.workloads = map[string]string{}
 	for i := range tr.Pods {
 		r.pods = append(r.pods, &podRun{Pod: &tr.Pods[i], index: i})
+		r.workloads[tr.Pods[i].Name] = tr.Pods[i].Workload
 	}
 	r.arrivals = slices.Clone(r.pods)
 	slices.SortStableFunc(r.arrivals, func(a, b *podRun) int { return cmp.Compare(a.Arrive, b.Arrive) })
@@ -293,6 +323,9 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 		return
 	}
 	r.res.OOMEvents++
+	if r.beforeRaise > 0 && r.held > r.beforeRaise {
+		r.res.RaiseOOMEvents++
+	}
 	// The trace's OOM is by construction the GPU's total being passed: the
 	// exporter would report it as a full device.
 	r.newOOMs = append(r.newOOMs, policy.OOM{Container: p.Name, Kind: policy.OOMDevice})
@@ -338,14 +371,27 @@ func (r *replay) tick(t time.Duration) error {
 	}
 	r.samples = r.samples[drop:]
 
-	d := r.pol.Decide(policy.Observation{
+	obs := policy.Observation{
 		Node: "sim", Now: now, CurrentReplicas: r.replicas, LastChange: r.changed,
+		ContainerWorkloads: r.workloads, Memory: r.mem,
 		GPUs: []policy.GPUObservation{{UUID: "GPU-sim-0", Samples: r.samples}},
-	})
+	}
+	for _, p := range r.queue {
+		obs.Pending = append(obs.Pending, policy.PendingPod{Workload: p.Workload, Replicas: 1})
+	}
+	var d policy.Decision
+	if rp, ok := r.pol.(rounder); ok {
+		d, r.mem = rp.Round(obs)
+	} else {
+		d = r.pol.Decide(obs)
+	}
 	if d.Replicas < 1 {
 		return fmt.Errorf("%w: %s answered %d replicas at %s (%s)", ErrBadPolicy, r.pol.Name(), d.Replicas, t, d.Reason)
 	}
 	if d.Replicas != r.replicas {
+		if d.Replicas > r.replicas {
+			r.beforeRaise = r.replicas
+		}
 		r.res.Changes = append(r.res.Changes, Change{Seconds: t.Seconds(), At: t.String(), From: r.replicas, To: d.Replicas,
 			Reason: d.Reason, Message: d.Message})
 		r.replicas, r.changed = d.Replicas, now
@@ -363,18 +409,33 @@ func (r *replay) admit(t time.Duration) {
 		r.held++
 		wait := t - p.Arrive
 		r.pending += wait
+		r.warmup += r.beforeWarm(p.Arrive, t)
 		r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, wait.Seconds())
 		r.grow(p, p.Memory[0].Bytes, t)
 	}
 }
 
+// beforeWarm is the part of [from, to) before the policy's first full
+// History window.
+func (r *replay) beforeWarm(from, to time.Duration) time.Duration {
+	h := r.pol.History()
+	return min(to, h) - min(from, h)
+}
+
 func (r *replay) finish() {
 	end := r.tr.Duration
 	var runningTime time.Duration
-	for _, p := range r.pods {
+	r.res.waits = make([]time.Duration, len(r.pods))
+	for i, p := range r.pods {
+		if p.state == waiting {
+			r.res.waits[i] = end - p.Arrive
+		} else if p.state != notArrived {
+			r.res.waits[i] = p.admitted - p.Arrive
+		}
 		switch p.state {
 		case waiting:
 			r.pending += end - p.Arrive
+			r.warmup += r.beforeWarm(p.Arrive, end)
 			r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, (end - p.Arrive).Seconds())
 			r.res.PodsNeverStarted++
 		case running, restarting, finished:
@@ -389,6 +450,7 @@ func (r *replay) finish() {
 	}
 	r.res.PodSecondsPending = r.pending.Seconds()
 	r.res.PodSecondsRunning = runningTime.Seconds()
+	r.res.PodSecondsPendingWarmup = r.warmup.Seconds()
 	r.res.PodSecondsLost = r.lost.Seconds()
 	r.res.ReplicaChanges = len(r.res.Changes)
 	r.res.FinalReplicas = r.replicas

@@ -33,6 +33,11 @@ type Pod struct {
 	// Memory is piecewise constant from the start of each attempt, first step
 	// at 0s, offsets strictly increasing.
 	Memory []MemoryStep
+	// Workload is the pod's workload key (what the controller derives from
+	// its owner: a Deployment, a CronJob, else its image), so that pods of
+	// one workload share a record; the pod's name when the trace leaves it
+	// out.
+	Workload string
 }
 
 // MemoryStep is one `[offset, bytes]` pair of a pod's memory timeline.
@@ -70,6 +75,9 @@ type podFile struct {
 	Arrive *time.Duration `yaml:"arrive"`
 	Run    *time.Duration `yaml:"run"`
 	Memory []MemoryStep   `yaml:"memory"`
+	// Workload is optional (added after the first traces): old traces stay
+	// valid, each pod its own workload.
+	Workload *string `yaml:"workload"`
 }
 
 // ReadTrace reads and validates the trace file at path.
@@ -165,7 +173,14 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 					where, k, p.Memory[k].At, k-1, p.Memory[k-1].At)
 			}
 		}
-		tr.Pods = append(tr.Pods, Pod{Name: *p.Name, Arrive: *p.Arrive, Run: *p.Run, Memory: p.Memory})
+		wl := *p.Name
+		if p.Workload != nil {
+			if *p.Workload == "" {
+				return nil, fail(line, "%s: workload is empty (leave it out to make the pod its own workload)", where)
+			}
+			wl = *p.Workload
+		}
+		tr.Pods = append(tr.Pods, Pod{Name: *p.Name, Arrive: *p.Arrive, Run: *p.Run, Memory: p.Memory, Workload: wl})
 	}
 	return tr, nil
 }

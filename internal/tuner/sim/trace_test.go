@@ -19,10 +19,18 @@ pods:
     arrive: 0s
     run: 24h                     # how long it runs once admitted
     memory: [[0s, 4294967296], [2h, 6442450944]]
+  - name: train-0415       # a pod of a workload: its record is the workload's
+    workload: cronjob/train
+    arrive: 1h
+    run: 2h
+    memory: [[0s, 8589934592]]
 `)
 	want := &Trace{MemoryTotalBytes: 51527024640, InitialReplicas: 4, Duration: 24 * time.Hour, Pods: []Pod{{
-		Name: "yolo", Arrive: 0, Run: 24 * time.Hour,
+		Name: "yolo", Arrive: 0, Run: 24 * time.Hour, Workload: "yolo",
 		Memory: []MemoryStep{{0, 4 * GiB}, {2 * time.Hour, 6 * GiB}},
+	}, {
+		Name: "train-0415", Arrive: time.Hour, Run: 2 * time.Hour, Workload: "cronjob/train",
+		Memory: []MemoryStep{{0, 8 * GiB}},
 	}}}
 	if diff := cmp.Diff(want, tr); diff != "" {
 		t.Errorf("trace (-want +got):\n%s", diff)
@@ -40,6 +48,7 @@ func TestParseTraceErrors(t *testing.T) {
 	c := func(name, yaml string, want ...string) errCase { return errCase{name, yaml, want} }
 	tests := []errCase{
 		c("empty", "", "inline.yaml: empty trace"),
+		c("empty workload", pod("arrive: 0s, run: 1m, memory: [[0s, 1]], workload: \"\""), "pods[0] (p): workload is empty"),
 		c("not YAML", "gpu: [", "inline.yaml: yaml"),
 		c("unknown field", head+"  - {name: p, arrive: 0s, run: 1m, memory: [[0s, 1]], limit: 5}\n", "field limit not found"),
 		c("missing gpu", "initialReplicas: 2\nduration: 1h\npods: []\n", "missing gpu.memoryTotalBytes"),

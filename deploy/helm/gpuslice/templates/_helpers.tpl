@@ -121,6 +121,14 @@ the release namespace (the plugin can run without the tuner, or before it).
 {{- end }}
 
 {{/*
+The ConfigMap the tuner keeps its workload memory in (workloadMemory.configMap),
+in the release namespace.
+*/}}
+{{- define "gpuslice.memoryConfigMap" -}}
+{{- printf "%s-tuner-memory" (include "gpuslice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
 Relabelings of the exporter's and plugin's monitors: the pod's node becomes
 the `node` label the alerts and dashboards group by; the target's
 namespace/pod/container labels are dropped because the exporter's own

@@ -30,6 +30,8 @@ key that nodes already use: config-manager reacts only to label changes. */}}
       "portName" "metrics"
       "port" .Values.exporter.port))
   "apply" $apply
+  "workloadMemory" (dict
+    "configMap" (dict "namespace" .Release.Namespace "name" (include "gpuslice.memoryConfigMap" .)))
 }}
 {{- toYaml (mergeOverwrite $base (deepCopy .Values.tuner.config)) }}
 {{- end }}

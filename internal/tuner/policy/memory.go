@@ -1,0 +1,295 @@
+package policy
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"time"
+)
+
+// Memory is what the tuner remembers about one node's workloads across
+// windows and restarts: a window of ten minutes forgets the service that
+// peaks every afternoon, the leak that fills the GPU by night and the job
+// that OOMed yesterday. The controller keeps it in a ConfigMap, one key per
+// node; `simulate` carries it from tick to tick. Remember is the only
+// writer, and it is pure like Decide.
+type Memory struct {
+	// Updated is the time of the newest sample folded in; older samples are
+	// not counted twice.
+	Updated time.Time `json:"updated"`
+	// Workloads maps a workload key (Observation.ContainerWorkloads) to what
+	// was seen of it.
+	Workloads map[string]WorkloadMemory `json:"workloads,omitempty"`
+	// Base is the count the tuner has not raised: the count it first found,
+	// lowered by every lowering that evidence forced (an OOM, measured
+	// fullness, maxReplicas) and raised to the minimum; 0 before the first
+	// round. Replicas above it are the tuner's own bets, and only those may
+	// be withdrawn on a guess (pressure, the budget's pricing of pods not
+	// seen yet): the count the operator chose, or that an OOM proved, was
+	// not the tuner's to give back. Round keeps it; 0 (Decide without Round)
+	// sets no floor.
+	Base int `json:"base,omitempty"`
+	// Containers maps the container keys seen in the last Window to what
+	// was seen of each: a container's age says how far along its
+	// workload's growth (WorkloadMemory.PeakByAge) it is, and its own peak
+	// what it may come back to. Containers gone for a Window are dropped.
+	Containers map[string]ContainerMemory `json:"containers,omitempty"`
+}
+
+// ContainerMemory is one running container's record.
+type ContainerMemory struct {
+	// FirstSeen and LastSeen are the first and the last sample that
+	// showed it.
+	FirstSeen time.Time `json:"firstSeen"`
+	LastSeen  time.Time `json:"lastSeen"`
+	// PeakBytes is the most it used, last at PeakAt.
+	PeakBytes uint64    `json:"peakBytes,omitempty"`
+	PeakAt    time.Time `json:"peakAt,omitzero"`
+}
+
+// ageBounds are the lower bounds of WorkloadMemory.PeakByAge's buckets
+// (0, 1m, 2m, 5m, 10m, 15m, 20m, 30m, 45m, 1h, 90m, 2h, 3h, 4h, 6h, 8h,
+// 12h, 16h, 24h, 32h, 48h): fine while a pod loads and reaches its working
+// set, coarse over the days a leaking service grows. They are fixed, so a
+// record means the same under any Config; the JSON keeps only the peaks.
+var ageBounds = []time.Duration{0, time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute,
+	15 * time.Minute, 20 * time.Minute, 30 * time.Minute, 45 * time.Minute, time.Hour, 90 * time.Minute,
+	2 * time.Hour, 3 * time.Hour, 4 * time.Hour, 6 * time.Hour, 8 * time.Hour, 12 * time.Hour, 16 * time.Hour,
+	24 * time.Hour, 32 * time.Hour, 48 * time.Hour}
+
+func ageBucket(age time.Duration) int {
+	i := len(ageBounds) - 1
+	for i > 0 && age < ageBounds[i] {
+		i--
+	}
+	return i
+}
+
+// WorkloadMemory is one workload's record.
+type WorkloadMemory struct {
+	// PeakBytes is the most memory one of its containers used on one GPU.
+	PeakBytes uint64 `json:"peakBytes"`
+	// Seen is how long its containers were watched, all runs together: a
+	// peak watched for less than a Window may not be the working set yet.
+	Seen time.Duration `json:"seen"`
+	// LastSeen is the last sample that showed it.
+	LastSeen time.Time `json:"lastSeen"`
+	// OOMAllocated is the fewest pods holding replicas at a sharing OOM of
+	// this workload (0: none remembered), OOMContainer the container that
+	// OOMed then, and LastOOM the latest such OOM.
+	OOMAllocated int       `json:"oomAllocated,omitempty"`
+	OOMContainer string    `json:"oomContainer,omitempty"`
+	LastOOM      time.Time `json:"lastOOM,omitzero"`
+	// PeakByAge[i] is the most memory one of its containers used, or was
+	// shown by a sharing OOM to ask for, at an age in the i-th bucket of
+	// ageBounds: a job reaches its peak minutes after it starts, a
+	// leaking service a day later, and a service that is restarted every
+	// night is small in the morning. An OOM counts as the GPU's total less
+	// what the other containers held: the allocation that failed never
+	// shows in a sample, so without it the record would keep the size that
+	// fitted, not the size the workload needs.
+	PeakByAge []uint64 `json:"peakByAge,omitempty"`
+	// Lifetime is the longest any of its containers was seen running: how
+	// long a pod of it, once admitted, shares the GPU.
+	Lifetime time.Duration `json:"lifetime,omitempty"`
+}
+
+// PeakBy is the most memory a container of the workload is expected to
+// have used by the given age: the largest PeakByAge of the buckets that end
+// before it, and, inside the bucket it falls in, a straight line from that
+// towards the bucket's own peak (a leak grows steadily; charging the whole
+// bucket at once would price a service 12.5 h old at what it held at 16 h).
+// A record from before PeakByAge existed answers PeakBytes.
+func (w WorkloadMemory) PeakBy(age time.Duration) uint64 {
+	if len(w.PeakByAge) == 0 {
+		return w.PeakBytes
+	}
+	var below uint64
+	for i, b := range w.PeakByAge {
+		if i >= len(ageBounds) || ageBounds[i] > age {
+			break
+		}
+		if i+1 < len(ageBounds) && ageBounds[i+1] <= age {
+			below = max(below, b)
+			continue
+		}
+		if b <= below || i+1 >= len(ageBounds) {
+			return max(below, b)
+		}
+		lo, hi := ageBounds[i], ageBounds[i+1]
+		return below + uint64(float64(b-below)*float64(age-lo)/float64(hi-lo))
+	}
+	return below
+}
+
+// atAge folds bytes used at age into the record.
+func (w *WorkloadMemory) atAge(age time.Duration, bytes uint64) {
+	if len(w.PeakByAge) < len(ageBounds) {
+		w.PeakByAge = append(w.PeakByAge, make([]uint64, len(ageBounds)-len(w.PeakByAge))...)
+	}
+	i := ageBucket(age)
+	w.PeakByAge[i] = max(w.PeakByAge[i], bytes)
+}
+
+// Known says whether the record prices a pod: watched for a whole window.
+func (w WorkloadMemory) Known(cfg Config) bool { return w.Seen >= cfg.Window && w.PeakBytes > 0 }
+
+// Remember folds the samples of obs newer than mem.Updated into a copy of mem
+// and forgets workloads not seen for cfg.Remember and containers not seen
+// for cfg.Window, keeping at most cfg.MaxWorkloads of each (the most
+// recently seen), so that the record stays small enough for one ConfigMap
+// however many jobs pass through a cluster.
+//
+// A container whose key obs.ContainerWorkloads does not map is remembered
+// under its own key: it still prices itself while it runs.
+func Remember(cfg Config, mem Memory, obs Observation) Memory {
+	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads), Base: mem.Base, Containers: maps.Clone(mem.Containers)}
+	if out.Workloads == nil {
+		out.Workloads = map[string]WorkloadMemory{}
+	}
+	if out.Containers == nil {
+		out.Containers = map[string]ContainerMemory{}
+	}
+	newest := mem.Updated
+	// Records are copied on first write: maps.Clone shares their slices
+	// with mem, which Remember must not change.
+	copied := map[string]bool{}
+	record := func(wl string) WorkloadMemory {
+		w := out.Workloads[wl]
+		if !copied[wl] {
+			w.PeakByAge, copied[wl] = slices.Clone(w.PeakByAge), true
+		}
+		return w
+	}
+	for _, g := range obs.GPUs {
+		for _, s := range g.Samples {
+			if !s.Time.After(mem.Updated) || s.Time.After(obs.Now) {
+				continue
+			}
+			newest = later(newest, s.Time)
+			seen := map[string]bool{}
+			for c, p := range s.ContainerPeaks {
+				cm, ok := out.Containers[c]
+				if !ok {
+					cm.FirstSeen = s.Time
+				}
+				cm.LastSeen = later(cm.LastSeen, s.Time)
+				if p >= cm.PeakBytes {
+					cm.PeakBytes, cm.PeakAt = p, later(cm.PeakAt, s.Time)
+				}
+				out.Containers[c] = cm
+				wl := obs.workload(c)
+				w := record(wl)
+				w.PeakBytes = max(w.PeakBytes, p)
+				w.atAge(s.Time.Sub(cm.FirstSeen), p)
+				w.Lifetime = max(w.Lifetime, s.Time.Sub(cm.FirstSeen))
+				if !seen[wl] {
+					w.Seen += cfg.SampleInterval
+					seen[wl] = true
+				}
+				w.LastSeen = later(w.LastSeen, s.Time)
+				out.Workloads[wl] = w
+			}
+			alloc := s.ReplicasAllocated
+			if alloc < 2 || g.Exclusive {
+				continue // a lone pod's OOM would happen at any count
+			}
+			for _, o := range s.OOMs {
+				if o.Container == "" || o.Kind == OOMCap || o.Kind == OOMEncoderSession {
+					continue
+				}
+				wl := obs.workload(o.Container)
+				w := record(wl)
+				if w.OOMAllocated == 0 || alloc < w.OOMAllocated || s.Time.Sub(w.LastOOM) >= cfg.Remember || w.OOMContainer != o.Container {
+					w.OOMAllocated, w.OOMContainer = alloc, o.Container
+				}
+				var age time.Duration // a container no sample showed OOMed as it started
+				if cm, ok := out.Containers[o.Container]; ok {
+					age = s.Time.Sub(cm.FirstSeen)
+				}
+				w.atAge(age, oomNeed(s, o.Container))
+				w.LastOOM = later(w.LastOOM, s.Time)
+				w.LastSeen = later(w.LastSeen, s.Time)
+				out.Workloads[wl] = w
+			}
+		}
+	}
+	out.Updated = newest
+	for k, c := range out.Containers {
+		if obs.Now.Sub(c.LastSeen) > cfg.Window {
+			delete(out.Containers, k)
+		}
+	}
+	if len(out.Containers) > cfg.MaxWorkloads {
+		keys := slices.SortedFunc(maps.Keys(out.Containers), func(a, b string) int {
+			return cmp.Or(out.Containers[b].LastSeen.Compare(out.Containers[a].LastSeen), cmp.Compare(a, b))
+		})
+		for _, k := range keys[cfg.MaxWorkloads:] {
+			delete(out.Containers, k)
+		}
+	}
+	for k, w := range out.Workloads {
+		if obs.Now.Sub(w.LastSeen) > cfg.Remember {
+			delete(out.Workloads, k)
+		}
+	}
+	if len(out.Workloads) > cfg.MaxWorkloads {
+		keys := slices.SortedFunc(maps.Keys(out.Workloads), func(a, b string) int {
+			return cmp.Or(out.Workloads[b].LastSeen.Compare(out.Workloads[a].LastSeen), cmp.Compare(a, b))
+		})
+		for _, k := range keys[cfg.MaxWorkloads:] {
+			delete(out.Workloads, k)
+		}
+	}
+	return out
+}
+
+// oomNeed is the least memory container c asked for at an OOM in sample s:
+// the total less what the others held. The others' peaks since the previous
+// sample bound what they held at the OOM from above, so the estimate errs
+// low, towards pricing the workload as it was seen.
+func oomNeed(s Sample, c string) uint64 {
+	var others uint64
+	for k, p := range s.ContainerPeaks {
+		if k != c {
+			others += p
+		}
+	}
+	if s.MemoryTotalBytes <= others {
+		return 0
+	}
+	return s.MemoryTotalBytes - others
+}
+
+// workload is the workload key of a container key.
+func (o Observation) workload(container string) string {
+	if wl := o.ContainerWorkloads[container]; wl != "" {
+		return wl
+	}
+	return container
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// Round is one decision with its memory: Remember folds obs into obs.Memory,
+// then Decide judges with the result. The controller and `simulate` both call
+// it, so that the replay runs what the cluster runs.
+func Round(cfg Config, obs Observation) (Decision, Memory) {
+	obs.Memory = Remember(cfg, obs.Memory, obs)
+	if obs.Memory.Base == 0 {
+		obs.Memory.Base = obs.CurrentReplicas
+	}
+	d := Decide(cfg, obs)
+	switch d.Reason {
+	case ReasonGPUOOM, ReasonMemoryPressure, ReasonMemoryFull, ReasonAboveMaximum:
+		obs.Memory.Base = min(obs.Memory.Base, d.Replicas)
+	case ReasonBelowMinimum:
+		obs.Memory.Base = max(obs.Memory.Base, d.Replicas)
+	}
+	return d, obs.Memory
+}
