@@ -307,6 +307,7 @@ func TestClosedLoop(t *testing.T) {
 	tunerCfg := filepath.Join(t.TempDir(), "tuner.yaml")
 	if err := os.WriteFile(tunerCfg, []byte(fmt.Sprintf(`interval: 1s
 leaderElection: {namespace: %s, name: realnode-tuner}
+workloadMemory: {configMap: {namespace: %s, name: realnode-tuner-memory}}
 signals:
   source: prometheus
   prometheus:
@@ -318,7 +319,7 @@ apply:
   configMap: {namespace: %s, name: %s}
   key: default
   verifyTimeout: 60s
-`+tunerPolicy(4), cmNS, prom.url, cmNS, cmName)), 0o644); err != nil {
+`+tunerPolicy(4), cmNS, cmNS, prom.url, cmNS, cmName)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	testproc.Start(t, "gpuslice-tuner", nil, testproc.Build(t, "cmd/tuner"), "run", "--config="+tunerCfg,
