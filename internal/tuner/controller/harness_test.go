@@ -5,8 +5,8 @@ import (
 
 	"cmp"
 	"context"
-	"maps"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
