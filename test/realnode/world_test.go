@@ -91,6 +91,7 @@ func need(t *testing.T) *realnode.Node {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
+			t.Logf("--- node conditions ---\n%s", nodeConditions(world.node))
 			t.Logf("--- kubelet log (last 40 lines) ---\n%s", testproc.Tail(world.node.KubeletLog(), 40))
 		}
 	})
@@ -361,4 +362,24 @@ func scrape(addr string) (string, error) {
 		return "", fmt.Errorf("GET %s/metrics: %s", addr, resp.Status)
 	}
 	return string(b), nil
+}
+
+// nodeConditions is the node's conditions and taints, one per line: the
+// first thing to read when every pod stays Pending (a DiskPressure taint on a
+// full test machine, say).
+func nodeConditions(n *realnode.Node) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Sprintf("getting node %s: %v", n.Name, err)
+	}
+	var b strings.Builder
+	for _, c := range node.Status.Conditions {
+		fmt.Fprintf(&b, "%s=%s %s: %s\n", c.Type, c.Status, c.Reason, c.Message)
+	}
+	for _, taint := range node.Spec.Taints {
+		fmt.Fprintf(&b, "taint %s:%s\n", taint.Key, taint.Effect)
+	}
+	return b.String()
 }

@@ -75,6 +75,9 @@ T0=$(date +%s.%N)
 say() { echo "[$(date +%T) +$(awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')s] $*" >>"$LOG"; }
 die() { say "FAILED: $*"; echo "up.sh: $*" >&2; echo "up.sh: see $LOG and $RN/logs/" >&2; exit 1; }
 say "---- up.sh ${JOIN:+--join $JOIN}${BIN_DIR}"
+# What a failure on another machine needs first: how much disk the kubelet and
+# containerd see.
+say "disk under $RN: $(df -h --output=size,avail,pcent "$RN" | tail -1 | tr -s ' ')"
 
 # running NAME: true when the pid in run/NAME.pid is alive and is NAME.
 running() {
@@ -347,6 +350,19 @@ volumePluginDir: $RN/volume-plugins
 podLogsDir: /var/log/pods
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# No disk-based eviction: a test machine whose disk is fuller than the
+# kubelet's defaults (nodefs 10 %, imagefs 15 % free) would otherwise taint the
+# node with DiskPressure, refuse every pod and garbage-collect the images we
+# imported (they cannot be pulled back: there is no registry). "0%" switches a
+# signal off; all are named because a partial evictionHard zeroes the rest
+# only on some kubelet versions. EVICTION_HARD replaces the block (a test of
+# pressure handling, say).
+evictionHard:
+${EVICTION_HARD:-  memory.available: "100Mi"
+  nodefs.available: "0%"
+  nodefs.inodesFree: "0%"
+  imagefs.available: "0%"
+  imagefs.inodesFree: "0%"}
 nodeStatusUpdateFrequency: ${NODE_STATUS_UPDATE_FREQUENCY:-10s}
 EOF
 start kubelet "--root-dir $RN/kubelet" "$KUBELET" --config "$RN/kubelet-config.yaml" --kubeconfig "$KUBELET_KCFG" \
