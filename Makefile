@@ -36,13 +36,14 @@ test-bins: ## install the Debian packages, build the real Kubernetes binaries, h
 # control plane); helm, NVIDIA's binaries and the simulated libnvidia-ml build
 # in the background meanwhile, since the real-node tests spend most of their
 # time waiting on the kubelet: tests that need one of them call its script,
-# which waits for the build in progress (a lock in each script). For the same
+# which waits for the build in progress (a lock in each script); the real node
+# itself waits for NVIDIA's runtime, its nvidia runtime handlers. For the same
 # reason the real-node package, the longest by far, starts at once beside the
 # rest instead of last in `go test ./...`'s queue; its output is kept in
 # .cache/realnode-test.log and printed after the rest.
 test: test-deps ## the whole suite: unit, integration, real node, alerts, dashboards, chart
 	@bash hack/test-bins.sh >/dev/null
-	@mkdir -p .cache; ( bash hack/libnvml.sh && bash hack/helm.sh && bash hack/nvidia-bins.sh ) >.cache/background-builds.log 2>&1 & bg=$$!; \
+	@mkdir -p .cache; ( bash hack/libnvml.sh && bash hack/nvidia-bins.sh && bash hack/helm.sh ) >.cache/background-builds.log 2>&1 & bg=$$!; \
 	  $(GO) test $(GOTEST_FLAGS) ./test/realnode/ >.cache/realnode-test.log 2>&1 & rn=$$!; \
 	  rc=0; \
 	  $(GO) vet ./... || rc=1; \

@@ -87,6 +87,17 @@ func Up(ctx context.Context, binDir string, extraEnv ...string) (*Node, error) {
 	}
 	n := &Node{repo: Repo(), binDir: binDir, upEnv: extraEnv}
 	n.scripts = filepath.Join(n.repo, "test", "realnode", "scripts")
+	// up.sh gives the node its nvidia-cdi and nvidia runtime handlers only
+	// when NVIDIA's runtime is in binDir as it runs, and `make test` builds
+	// that in the background while the suite starts: build it here, or wait
+	// for the build in progress (the script's lock), so the node never comes
+	// up without them on a cold machine. A failed build is reported and the
+	// node comes up without the handlers; the tests that need them fail.
+	nv := exec.CommandContext(ctx, "bash", filepath.Join(n.repo, "hack", "nvidia-bins.sh"))
+	nv.Env = append(os.Environ(), "GPUSLICE_ASSETS="+binDir)
+	if out, err := nv.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "realnode: hack/nvidia-bins.sh failed, the node has no NVIDIA runtime: %v\n%s\n", err, testproc.Tail(string(out), 20))
+	}
 	if err := n.takeLock(ctx); err != nil {
 		return nil, err
 	}

@@ -51,7 +51,8 @@ func TestMain(m *testing.M) {
 	if testing.Short() {
 		os.Exit(m.Run()) // every test skips itself
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// Up may first wait for NVIDIA's runtime to build (cold: minutes).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	world.node, world.err = realnode.Up(ctx, testenv.AssetsDir())
 	cancel()
 	if world.err == nil {
