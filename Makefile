@@ -37,7 +37,7 @@ test-bins: ## install the Debian packages, build the real Kubernetes binaries, h
 # in the background meanwhile, since the real-node tests spend most of their
 # time waiting on the kubelet: tests that need one of them call its script,
 # which waits for the build in progress (a lock in each script); the real node
-# itself waits for NVIDIA's runtime, its nvidia runtime handlers. For the same
+# waits for NVIDIA's container runtime before it starts. For the same
 # reason the real-node package, the longest by far, starts at once beside the
 # rest instead of last in `go test ./...`'s queue; its output is kept in
 # .cache/realnode-test.log and printed after the rest.

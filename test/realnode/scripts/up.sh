@@ -354,9 +354,9 @@ imageGCLowThresholdPercent: 99
 # kubelet's defaults (nodefs 10 %, imagefs 15 % free) would otherwise taint the
 # node with DiskPressure, refuse every pod and garbage-collect the images we
 # imported (they cannot be pulled back: there is no registry). "0%" switches a
-# signal off; all are named because a partial evictionHard zeroes the rest
-# only on some kubelet versions. EVICTION_HARD replaces the block (a test of
-# pressure handling, say).
+# signal off (seen on this kubelet: no DiskPressure on a 92 % full disk); every
+# signal is named so that none is left to a default. EVICTION_HARD replaces
+# the block (a test of pressure handling, say).
 evictionHard:
 ${EVICTION_HARD:-  memory.available: "100Mi"
   nodefs.available: "0%"
