@@ -43,7 +43,8 @@ func (c *Controller) pendingPods(node *corev1.Node, resource string) []policy.Pe
 func asPending(waiting []*corev1.Pod, resource string) []policy.PendingPod {
 	out := make([]policy.PendingPod, 0, len(waiting))
 	for _, p := range waiting {
-		out = append(out, policy.PendingPod{Workload: workloadKey(p), Replicas: int(podRequest(p, corev1.ResourceName(resource)))})
+		out = append(out, policy.PendingPod{Workload: workloadKey(p), Replicas: int(podRequest(p, corev1.ResourceName(resource))),
+			Since: p.CreationTimestamp.Time})
 	}
 	return out
 }

@@ -69,6 +69,28 @@ type Config struct {
 	// MaxWorkloads bounds the workload records kept, and the container
 	// records, the most recently seen first.
 	MaxWorkloads int `yaml:"maxWorkloads"`
+	// OOMCost is what one GPU OOM is worth in one pod's waiting: the
+	// objective lets a pod in when the chance that it brings an OOM, times
+	// OOMCost, is less than the wait it saves. An OOM throws work away and,
+	// once a pod that cannot fit is in, repeats until room appears (a crash
+	// loop), so it is priced at hours.
+	OOMCost time.Duration `yaml:"oomCost"`
+	// ChangeCost is what one change of the count costs beyond its apply
+	// mode's latency (a config write, an Event, a plugin that re-registers):
+	// a change is made only when it saves more than this over the horizon.
+	ChangeCost time.Duration `yaml:"changeCost"`
+	// Settle is how long, beyond its apply mode's latency, a change stands
+	// before the count may move the other way: a raise undone minutes
+	// later, with no OOM to say it was wrong, paid twice (a config write, a
+	// plugin restart in some modes) for nothing. An OOM ends it at once.
+	Settle time.Duration `yaml:"settle"`
+	// EvictCrashLoops lets the tuner evict, through the Eviction API, a pod
+	// whose container OOMed twice in a row on a full GPU beside other pods,
+	// when a controller recreates it (never a bare pod; PodDisruptionBudgets
+	// are honoured by the API server). It then waits Pending, priced at the
+	// memory its OOMs showed, instead of hammering its neighbours. Off by
+	// default: the tuner only reports such loops (Event, metric).
+	EvictCrashLoops bool `yaml:"evictCrashLoops"`
 }
 
 // DefaultConfig returns the defaults justified in docs/tuner-policy.md.
@@ -85,6 +107,9 @@ func DefaultConfig() Config {
 		PressureThreshold: 0.95,
 		Remember:          14 * 24 * time.Hour,
 		MaxWorkloads:      256,
+		OOMCost:           6 * time.Hour,
+		ChangeCost:        30 * time.Second,
+		Settle:            5 * time.Minute,
 	}
 }
 
@@ -127,6 +152,15 @@ func (c Config) Validate() error {
 	if c.MaxWorkloads < 1 {
 		bad("maxWorkloads must be >= 1, got %d", c.MaxWorkloads)
 	}
+	if c.OOMCost <= 0 {
+		bad("oomCost must be > 0, got %s", c.OOMCost)
+	}
+	if c.Settle < 0 {
+		bad("settle must be >= 0, got %s", c.Settle)
+	}
+	if c.ChangeCost < 0 {
+		bad("changeCost must be >= 0, got %s", c.ChangeCost)
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(problems, "; "))
 	}
@@ -137,7 +171,7 @@ func (c Config) Validate() error {
 var configKeys = []string{
 	"minReplicas", "maxReplicas", "maxStepUp", "window", "cooldown",
 	"pressureWindow", "sampleInterval", "targetUtilization", "pressureThreshold",
-	"remember", "maxWorkloads",
+	"remember", "maxWorkloads", "oomCost", "changeCost", "settle", "evictCrashLoops",
 }
 
 // UnmarshalYAML decodes a policy section over the values already in c (so

@@ -3,6 +3,7 @@ package policy
 import (
 	"cmp"
 	"maps"
+	"math"
 	"slices"
 	"time"
 )
@@ -34,7 +35,20 @@ type Memory struct {
 	// workload's growth (WorkloadMemory.PeakByAge) it is, and its own peak
 	// what it may come back to. Containers gone for a Window are dropped.
 	Containers map[string]ContainerMemory `json:"containers,omitempty"`
+	// Sizes are the peaks of the last maxSizes containers that ended here,
+	// oldest first (an OOM counting as what it asked for): the sizes this
+	// node has seen, which price a pod of a workload never seen. A
+	// distribution, not its largest member: one 40 GiB model must not
+	// price every small job at 40 GiB.
+	Sizes []uint64 `json:"sizes,omitempty"`
+	// LastOOM is the node's latest GPU OOM that sharing caused: a change
+	// is not undone before it has settled unless an OOM came after it.
+	LastOOM time.Time `json:"lastOOM,omitzero"`
 }
+
+// maxSizes bounds Memory.Sizes: enough for a distribution's tail (the
+// 90th percentile of 64 is its 58th member), small for a ConfigMap key.
+const maxSizes = 64
 
 // ContainerMemory is one running container's record.
 type ContainerMemory struct {
@@ -45,7 +59,21 @@ type ContainerMemory struct {
 	// PeakBytes is the most it used, last at PeakAt.
 	PeakBytes uint64    `json:"peakBytes,omitempty"`
 	PeakAt    time.Time `json:"peakAt,omitzero"`
+	// Workload is its workload key, as the round that last saw it mapped
+	// it (the controller maps only the containers it sees now).
+	Workload string `json:"workload,omitempty"`
+	// NeedBytes is the most a sharing OOM showed it to ask for (the GPU's
+	// total less what the others held), 0 without one.
+	NeedBytes uint64 `json:"needBytes,omitempty"`
+	// OOMs counts its sharing OOMs in a row (each within a Window of the
+	// one before), the latest at LastOOM.
+	OOMs    int       `json:"ooms,omitempty"`
+	LastOOM time.Time `json:"lastOOM,omitzero"`
 }
+
+// size is what the container showed it needs: its peak, or what an OOM
+// asked for.
+func (c ContainerMemory) size() uint64 { return max(c.PeakBytes, c.NeedBytes) }
 
 // ageBounds are the lower bounds of WorkloadMemory.PeakByAge's buckets
 // (0, 1m, 2m, 5m, 10m, 15m, 20m, 30m, 45m, 1h, 90m, 2h, 3h, 4h, 6h, 8h,
@@ -92,6 +120,30 @@ type WorkloadMemory struct {
 	// Lifetime is the longest any of its containers was seen running: how
 	// long a pod of it, once admitted, shares the GPU.
 	Lifetime time.Duration `json:"lifetime,omitempty"`
+	// Pods counts its containers that ended, and MeanPeak and M2 are the
+	// running mean and sum of squared deviations (Welford) of their sizes:
+	// how much one pod of it differs from the next, the measured
+	// variability a price is uncertain by.
+	Pods     int     `json:"pods,omitempty"`
+	MeanPeak float64 `json:"meanPeak,omitempty"`
+	M2       float64 `json:"m2,omitempty"`
+}
+
+// addPod folds one ended container's size into the variability.
+func (w *WorkloadMemory) addPod(size uint64) {
+	w.Pods++
+	d := float64(size) - w.MeanPeak
+	w.MeanPeak += d / float64(w.Pods)
+	w.M2 += d * (float64(size) - w.MeanPeak)
+}
+
+// spread is the standard deviation of its pods' sizes, and whether at
+// least two ended to measure it.
+func (w WorkloadMemory) spread() (float64, bool) {
+	if w.Pods < 2 {
+		return 0, false
+	}
+	return math.Sqrt(max(w.M2, 0) / float64(w.Pods-1)), true
 }
 
 // PeakBy is the most memory a container of the workload is expected to
@@ -143,7 +195,8 @@ func (w WorkloadMemory) Known(cfg Config) bool { return w.Seen >= cfg.Window && 
 // A container whose key obs.ContainerWorkloads does not map is remembered
 // under its own key: it still prices itself while it runs.
 func Remember(cfg Config, mem Memory, obs Observation) Memory {
-	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads), Base: mem.Base, Containers: maps.Clone(mem.Containers)}
+	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads), Base: mem.Base, Containers: maps.Clone(mem.Containers),
+		Sizes: slices.Clone(mem.Sizes), LastOOM: mem.LastOOM}
 	if out.Workloads == nil {
 		out.Workloads = map[string]WorkloadMemory{}
 	}
@@ -177,8 +230,9 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 				if p >= cm.PeakBytes {
 					cm.PeakBytes, cm.PeakAt = p, later(cm.PeakAt, s.Time)
 				}
-				out.Containers[c] = cm
 				wl := obs.workload(c)
+				cm.Workload = wl
+				out.Containers[c] = cm
 				w := record(wl)
 				w.PeakBytes = max(w.PeakBytes, p)
 				w.atAge(s.Time.Sub(cm.FirstSeen), p)
@@ -207,18 +261,52 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 				if cm, ok := out.Containers[o.Container]; ok {
 					age = s.Time.Sub(cm.FirstSeen)
 				}
-				w.atAge(age, oomNeed(s, o.Container))
+				need := oomNeed(s, o.Container)
+				w.atAge(age, need)
 				w.LastOOM = later(w.LastOOM, s.Time)
+				out.LastOOM = later(out.LastOOM, s.Time)
+				cm, ok := out.Containers[o.Container]
+				if !ok {
+					cm.FirstSeen, cm.LastSeen = s.Time, s.Time
+				}
+				if s.Time.Sub(cm.LastOOM) <= cfg.Window {
+					cm.OOMs++
+				} else {
+					cm.OOMs = 1
+				}
+				cm.LastOOM, cm.NeedBytes = s.Time, max(cm.NeedBytes, need)
+				out.Containers[o.Container] = cm
 				w.LastSeen = later(w.LastSeen, s.Time)
 				out.Workloads[wl] = w
 			}
 		}
 	}
 	out.Updated = newest
+	var ended []string
 	for k, c := range out.Containers {
 		if obs.Now.Sub(c.LastSeen) > cfg.Window {
-			delete(out.Containers, k)
+			ended = append(ended, k)
 		}
+	}
+	// In the order they were last seen, so that Sizes keeps the newest.
+	slices.SortFunc(ended, func(a, b string) int {
+		return cmp.Or(out.Containers[a].LastSeen.Compare(out.Containers[b].LastSeen), cmp.Compare(a, b))
+	})
+	for _, k := range ended {
+		c := out.Containers[k]
+		if size := c.size(); size > 0 {
+			out.Sizes = append(out.Sizes, size)
+			wl := cmp.Or(c.Workload, obs.workload(k))
+			if w, ok := out.Workloads[wl]; ok {
+				w = record(wl)
+				w.addPod(size)
+				out.Workloads[wl] = w
+			}
+		}
+		delete(out.Containers, k)
+	}
+	if len(out.Sizes) > maxSizes {
+		out.Sizes = slices.Clone(out.Sizes[len(out.Sizes)-maxSizes:])
 	}
 	if len(out.Containers) > cfg.MaxWorkloads {
 		keys := slices.SortedFunc(maps.Keys(out.Containers), func(a, b string) int {

@@ -99,6 +99,9 @@ const (
 	ReasonUnbackedReplicas     = "UnbackedReplicas"     // down: free replicas the memory left could not back
 	ReasonMemoryFull           = "MemoryFull"           // down: the pods holding replicas fill the GPU to the pressure threshold even without the smallest
 	ReasonLearning             = "Learning"             // hold: the next pod's workload is still being learnt from its first pod
+	ReasonObjective            = "Objective"            // up or down: the count with the lowest predicted cost
+	ReasonSettling             = "Settling"             // hold: the last change has not settled, and no OOM since says it was wrong
+	ReasonCrashLoop            = "CrashLoop"            // down: a container OOMs again and again on a full GPU
 )
 
 // Directions for Decision.Direction.
@@ -189,6 +192,13 @@ type Observation struct {
 	// Memory is the workload record, Remember's answer for this round.
 	Memory Memory
 	GPUs   []GPUObservation
+	// Apply is what a change costs in the cluster's apply mode: its latency
+	// delays what a raise saves, and a change is not undone before it has
+	// settled (ApplyCost.Settle) unless a GPU OOM says it was wrong.
+	Apply ApplyCost
+	// LastDirection is the direction of the change made at LastChange
+	// (DirectionUp or DirectionDown; "" when unknown).
+	LastDirection string
 }
 
 // PendingPod is one pod waiting for a replica.
@@ -197,6 +207,10 @@ type PendingPod struct {
 	Workload string
 	// Replicas is how many replicas it asks for (its resource request).
 	Replicas int
+	// Since is when it started waiting (its creation); zero when unknown.
+	// A pod that has waited long is worth more risk: what it saves by
+	// being let in now grows with what it has already waited.
+	Since time.Time
 }
 
 // Decision is the answer for one node.
@@ -212,6 +226,24 @@ type Decision struct {
 	FootprintBytes uint64
 	// GPU is the UUID of the GPU that set the answer.
 	GPU string
+	// CrashLoops are the containers that OOMed again and again on a full
+	// GPU beside other pods, with whether Config.EvictCrashLoops asks the
+	// controller to evict them. Reported either way (Event, metric).
+	CrashLoops []CrashLoop
+}
+
+// CrashLoop is a container that OOMs in a row on a full, shared GPU: the
+// count cannot end its loop (a lowering stops no running pod, and the
+// kubelet restarts it in place), only its eviction can.
+type CrashLoop struct {
+	// Container is the container key, namespace/pod/container.
+	Container string
+	GPU       string
+	// OOMs is how many times in a row it OOMed.
+	OOMs int
+	// Evict says Config.EvictCrashLoops is on: the controller evicts the
+	// pod if a controller recreates it.
+	Evict bool
 }
 
 // Decide returns the replica count a node should have. It is pure and
@@ -233,12 +265,14 @@ func Decide(cfg Config, obs Observation) Decision {
 	}
 
 	var best Decision
+	var loops []CrashLoop
 	judged := 0
 	for _, g := range obs.GPUs {
 		if g.Exclusive {
 			continue
 		}
 		d := decideGPU(cfg, obs, g, nodeFootprint)
+		loops = append(loops, d.CrashLoops...)
 		if judged == 0 || d.Replicas < best.Replicas || (d.Replicas == best.Replicas && d.GPU < best.GPU) {
 			best = d
 		}
@@ -252,6 +286,7 @@ func Decide(cfg Config, obs Observation) Decision {
 		}
 	}
 	best.Direction = direction(obs.CurrentReplicas, best.Replicas)
+	best.CrashLoops = loops
 	return best
 }
 

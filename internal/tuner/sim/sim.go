@@ -65,6 +65,15 @@ type Policy interface {
 // Tuner is the tuner's own policy, policy.Round with Config.
 type Tuner struct{ Config policy.Config }
 
+// Options are how a replay applies the policy's changes.
+type Options struct {
+	// Apply is the apply mode's cost: a change takes effect Apply.Latency
+	// after the decision, and no pod is admitted during the Apply.Blackout
+	// before that (the device plugin restarting). The zero value applies at
+	// once.
+	Apply policy.ApplyCost
+}
+
 func (Tuner) Name() string                                    { return "tuner" }
 func (Tuner) Start(initial int) int                           { return initial }
 func (t Tuner) Tick() time.Duration                           { return t.Config.SampleInterval }
@@ -146,7 +155,27 @@ type Result struct {
 	MaxPendingSeconds float64  `json:"maxPendingSeconds"`
 	MinReplicas       int      `json:"minReplicas"`
 	MaxReplicas       int      `json:"maxReplicas"`
-	Changes           []Change `json:"changes"`
+	// ApplyMode is the apply mode replayed, ApplyLatencySeconds the
+	// latency charged over all changes (a change takes effect that long
+	// after the decision) and BlackoutSeconds the time the node admitted
+	// nothing while its plugin restarted.
+	ApplyMode           string  `json:"applyMode"`
+	ApplyLatencySeconds float64 `json:"applyLatencySeconds"`
+	BlackoutSeconds     float64 `json:"blackoutSeconds"`
+	// Reversals counts changes that undid the one before (the opposite
+	// direction) within its settle time (policy.ApplyCost.Settle) with no
+	// OOM event between: a raise undone a round later, paid for twice.
+	Reversals int `json:"reversals"`
+	// OOMsPerContainer counts each pod's OOM events (pods with none are
+	// left out); MaxOOMsInARow is the most OOM events one pod had in a
+	// row, each within RowGap of the one before.
+	OOMsPerContainer map[string]int `json:"oomsPerContainer"`
+	MaxOOMsInARow    int            `json:"maxOOMsInARow"`
+	// Evictions counts pods the policy evicted for OOMing in a row; an
+	// evicted pod is recreated at once by its controller and waits at the
+	// end of the queue, from the beginning of its run.
+	Evictions int      `json:"evictions"`
+	Changes   []Change `json:"changes"`
 	// waits is each pod's time pending, in trace order (TestReplay).
 	waits []time.Duration
 }
@@ -175,6 +204,7 @@ type podRun struct {
 	*Pod
 	index     int
 	state     podState
+	queued    time.Duration // when it last started waiting: its arrival, or its eviction
 	admitted  time.Duration
 	end       time.Duration // admitted + Run
 	attempt   time.Duration // start of the current memory timeline
@@ -184,7 +214,17 @@ type podRun struct {
 	peak      uint64 // since the previous tick
 	seen      bool   // ran at some point since the previous tick
 	ooms      int
+	row       int           // OOMs in a row
+	lastOOM   time.Duration // when the latest happened
+	waited    time.Duration // waits before an eviction
+	ran       time.Duration // runs before an eviction
+	starts    int
 }
+
+// RowGap is how close two OOM events of one pod must be to count as in a
+// row: a crash loop restarts within RestartDelay plus the time its
+// allocation takes to fail.
+const RowGap = 10 * time.Minute
 
 // nextStep is when the pod's memory next changes, or -1.
 func (p *podRun) nextStep() time.Duration {
@@ -203,7 +243,18 @@ type replay struct {
 	queue    []*podRun // waiting, first come first served
 	used     uint64
 	held     int // pods holding a replica
-	replicas int
+	replicas int // the count in effect
+	// decided is the count the policy asked for last; it takes effect at
+	// effectAt (decided == replicas once it has).
+	decided  int
+	effectAt time.Duration
+	opt      Options
+	settle   time.Duration
+	// lastDir and lastAt are the latest change's direction and time;
+	// oomSince says an OOM event came after it.
+	lastDir  string
+	lastAt   time.Duration
+	oomSince bool
 	changed  time.Time
 	// beforeRaise is the count before the latest raise; 0 before any.
 	beforeRaise int
@@ -218,14 +269,23 @@ type replay struct {
 	lost        time.Duration
 }
 
-// Run replays tr under p. It is deterministic.
-func Run(tr *Trace, p Policy) (*Result, error) {
+// Run replays tr under p, applying changes at once. It is deterministic.
+func Run(tr *Trace, p Policy) (*Result, error) { return RunWith(tr, p, Options{}) }
+
+// RunWith replays tr under p with opt. It is deterministic.
+func RunWith(tr *Trace, p Policy, opt Options) (*Result, error) {
 	if p.Tick() <= 0 {
 		return nil, fmt.Errorf("%w: %s: tick must be > 0", ErrBadPolicy, p.Name())
 	}
-	r := &replay{tr: tr, pol: p, replicas: p.Start(tr.InitialReplicas)}
+	r := &replay{tr: tr, pol: p, replicas: p.Start(tr.InitialReplicas), opt: opt}
 	if r.replicas < 1 {
 		return nil, fmt.Errorf("%w: %s starts at %d replicas", ErrBadPolicy, p.Name(), r.replicas)
+	}
+	r.decided = r.replicas
+	if t, ok := p.(Tuner); ok {
+		r.settle = opt.Apply.Settle(t.Config)
+	} else {
+		r.settle = opt.Apply.Latency + p.History()
 	}
 	r.workloads = map[string]string{}
 	for i := range tr.Pods {
@@ -234,13 +294,22 @@ func Run(tr *Trace, p Policy) (*Result, error) {
 	}
 	r.arrivals = slices.Clone(r.pods)
 	slices.SortStableFunc(r.arrivals, func(a, b *podRun) int { return cmp.Compare(a.Arrive, b.Arrive) })
-	r.res = Result{Policy: p.Name(), Pods: len(tr.Pods), MinReplicas: r.replicas, MaxReplicas: r.replicas, Changes: []Change{}}
+	mode := opt.Apply.Mode
+	if mode == "" {
+		mode = policy.ModeInstant
+	}
+	r.res = Result{Policy: p.Name(), Pods: len(tr.Pods), MinReplicas: r.replicas, MaxReplicas: r.replicas, Changes: []Change{},
+		ApplyMode: mode, OOMsPerContainer: map[string]int{}}
 
 	for t := time.Duration(0); t < tr.Duration; t = r.nextEvent(t) {
 		r.endRuns(t)
 		r.changeMemory(t)
+		if r.decided != r.replicas && t >= r.effectAt {
+			r.replicas = r.decided
+		}
 		for ; r.next < len(r.arrivals) && r.arrivals[r.next].Arrive == t; r.next++ {
 			r.arrivals[r.next].state = waiting
+			r.arrivals[r.next].queued = t
 			r.queue = append(r.queue, r.arrivals[r.next])
 		}
 		if t == r.nextTick {
@@ -259,6 +328,12 @@ func Run(tr *Trace, p Policy) (*Result, error) {
 // trace's end.
 func (r *replay) nextEvent(t time.Duration) time.Duration {
 	next := min(r.nextTick, r.tr.Duration)
+	if r.decided != r.replicas {
+		next = min(next, r.effectAt)
+		if b := r.effectAt - r.opt.Apply.Blackout; b > t {
+			next = min(next, b)
+		}
+	}
 	if r.next < len(r.arrivals) {
 		next = min(next, r.arrivals[r.next].Arrive)
 	}
@@ -326,6 +401,15 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 	if r.beforeRaise > 0 && r.held > r.beforeRaise {
 		r.res.RaiseOOMEvents++
 	}
+	r.oomSince = true
+	r.res.OOMsPerContainer[p.Name]++
+	if p.ooms > 0 && t-p.lastOOM <= RowGap {
+		p.row++
+	} else {
+		p.row = 1
+	}
+	p.lastOOM = t
+	r.res.MaxOOMsInARow = max(r.res.MaxOOMsInARow, p.row)
 	// The trace's OOM is by construction the GPU's total being passed: the
 	// exporter would report it as a full device.
 	r.newOOMs = append(r.newOOMs, policy.OOM{Container: p.Name, Kind: policy.OOMDevice})
@@ -372,12 +456,12 @@ func (r *replay) tick(t time.Duration) error {
 	r.samples = r.samples[drop:]
 
 	obs := policy.Observation{
-		Node: "sim", Now: now, CurrentReplicas: r.replicas, LastChange: r.changed,
-		ContainerWorkloads: r.workloads, Memory: r.mem,
+		Node: "sim", Now: now, CurrentReplicas: r.decided, LastChange: r.changed, LastDirection: r.lastDir,
+		ContainerWorkloads: r.workloads, Memory: r.mem, Apply: r.opt.Apply,
 		GPUs: []policy.GPUObservation{{UUID: "GPU-sim-0", Samples: r.samples}},
 	}
 	for _, p := range r.queue {
-		obs.Pending = append(obs.Pending, policy.PendingPod{Workload: p.Workload, Replicas: 1})
+		obs.Pending = append(obs.Pending, policy.PendingPod{Workload: p.Workload, Replicas: 1, Since: Epoch.Add(p.queued)})
 	}
 	var d policy.Decision
 	if rp, ok := r.pol.(rounder); ok {
@@ -388,29 +472,68 @@ func (r *replay) tick(t time.Duration) error {
 	if d.Replicas < 1 {
 		return fmt.Errorf("%w: %s answered %d replicas at %s (%s)", ErrBadPolicy, r.pol.Name(), d.Replicas, t, d.Reason)
 	}
-	if d.Replicas != r.replicas {
-		if d.Replicas > r.replicas {
-			r.beforeRaise = r.replicas
+	for _, l := range d.CrashLoops {
+		if l.Evict {
+			r.evict(l.Container, t)
 		}
-		r.res.Changes = append(r.res.Changes, Change{Seconds: t.Seconds(), At: t.String(), From: r.replicas, To: d.Replicas,
+	}
+	if d.Replicas != r.decided {
+		dir := policy.DirectionDown
+		if d.Replicas > r.decided {
+			r.beforeRaise = r.decided
+			dir = policy.DirectionUp
+		}
+		if r.lastDir != "" && dir != r.lastDir && t-r.lastAt < r.settle && !r.oomSince {
+			r.res.Reversals++
+		}
+		r.res.Changes = append(r.res.Changes, Change{Seconds: t.Seconds(), At: t.String(), From: r.decided, To: d.Replicas,
 			Reason: d.Reason, Message: d.Message})
-		r.replicas, r.changed = d.Replicas, now
-		r.res.MinReplicas = min(r.res.MinReplicas, r.replicas)
-		r.res.MaxReplicas = max(r.res.MaxReplicas, r.replicas)
+		r.decided, r.changed, r.lastDir, r.lastAt, r.oomSince = d.Replicas, now, dir, t, false
+		r.effectAt = t + r.opt.Apply.Latency
+		r.res.ApplyLatencySeconds += r.opt.Apply.Latency.Seconds()
+		r.res.BlackoutSeconds += r.opt.Apply.Blackout.Seconds()
+		if r.opt.Apply.Latency == 0 {
+			r.replicas = r.decided
+		}
+		r.res.MinReplicas = min(r.res.MinReplicas, r.decided)
+		r.res.MaxReplicas = max(r.res.MaxReplicas, r.decided)
 	}
 	return nil
 }
 
+// evict takes the pod named c off the GPU, as the Eviction API would: its
+// controller recreates it at once, so it waits again at the end of the
+// queue and runs its whole run once admitted.
+func (r *replay) evict(c string, t time.Duration) {
+	for _, p := range r.pods {
+		if p.Name != c || (p.state != running && p.state != restarting) {
+			continue
+		}
+		r.setMemory(p, 0)
+		r.held--
+		r.lost += t - p.attempt
+		p.waited += p.admitted - p.queued
+		p.ran += t - p.admitted
+		p.state, p.queued, p.row = waiting, t, 0
+		r.queue = append(r.queue, p)
+		r.res.Evictions++
+	}
+}
+
 func (r *replay) admit(t time.Duration) {
+	if r.decided != r.replicas && t >= r.effectAt-r.opt.Apply.Blackout {
+		return // the device plugin restarts: the kubelet admits nothing
+	}
 	for len(r.queue) > 0 && r.held < r.replicas {
 		p := r.queue[0]
 		r.queue = r.queue[1:]
 		p.state, p.admitted, p.end, p.attempt, p.step = running, t, t+p.Run, t, 0
 		r.held++
-		wait := t - p.Arrive
+		p.starts++
+		wait := t - p.queued
 		r.pending += wait
-		r.warmup += r.beforeWarm(p.Arrive, t)
-		r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, wait.Seconds())
+		r.warmup += r.beforeWarm(p.queued, t)
+		r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, (p.waited + wait).Seconds())
 		r.grow(p, p.Memory[0].Bytes, t)
 	}
 }
@@ -428,18 +551,21 @@ func (r *replay) finish() {
 	r.res.waits = make([]time.Duration, len(r.pods))
 	for i, p := range r.pods {
 		if p.state == waiting {
-			r.res.waits[i] = end - p.Arrive
+			r.res.waits[i] = p.waited + end - p.queued
 		} else if p.state != notArrived {
-			r.res.waits[i] = p.admitted - p.Arrive
+			r.res.waits[i] = p.waited + p.admitted - p.queued
 		}
 		switch p.state {
 		case waiting:
-			r.pending += end - p.Arrive
-			r.warmup += r.beforeWarm(p.Arrive, end)
-			r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, (end - p.Arrive).Seconds())
-			r.res.PodsNeverStarted++
+			r.pending += end - p.queued
+			r.warmup += r.beforeWarm(p.queued, end)
+			r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, (p.waited + end - p.queued).Seconds())
+			runningTime += p.ran
+			if p.starts == 0 {
+				r.res.PodsNeverStarted++
+			}
 		case running, restarting, finished:
-			runningTime += min(p.end, end) - p.admitted
+			runningTime += min(p.end, end) - p.admitted + p.ran
 			if p.end <= end {
 				r.res.PodsCompleted++
 			}

@@ -1,0 +1,546 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"os"
+	"slices"
+	"time"
+)
+
+// sizes is the distribution of the pod sizes a node has seen: the
+// containers that ended there lately (Memory.Sizes) and those running now.
+type sizes struct{ sorted []float64 }
+
+// nodeSizes gathers the distribution for v's node.
+func (v gpuView) nodeSizes() sizes {
+	var out []float64
+	for _, b := range v.obs.Memory.Sizes {
+		out = append(out, float64(b))
+	}
+	for c, p := range v.peaks {
+		out = append(out, float64(max(p, v.obs.Memory.Containers[c].size())))
+	}
+	out = slices.DeleteFunc(out, func(b float64) bool { return b <= 0 })
+	slices.Sort(out)
+	return sizes{out}
+}
+
+// quantile is the nearest-rank q-quantile (0 with no sizes).
+func (s sizes) quantile(q float64) float64 {
+	if len(s.sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(s.sorted)))) - 1
+	return s.sorted[min(max(i, 0), len(s.sorted)-1)]
+}
+
+// strangerSpread is the least uncertainty of a pod never seen, as a
+// fraction of its price.
+const strangerSpread = 0.1
+
+// stranger is the price of a pod of a workload not known: the node's
+// median size, uncertain by the spread of the node's sizes above it (the
+// 90th percentile is 1.28 standard deviations above the median of a normal
+// distribution), so that a node whose pods are all alike prices a
+// stranger tightly and one with a 40 GiB model among 2 GiB jobs loosely,
+// but not at 40 GiB.
+func (s sizes) stranger() item {
+	p50, p90 := s.quantile(0.5), s.quantile(0.9)
+	return item{mean: p50, sd: max((p90-p50)/1.2816, strangerSpread*p50)}
+}
+
+// explorer is the price of a pod of a workload never seen: the largest job
+// running now (a pod younger than transientAge whose workload's pods do not
+// run longer): a pod never seen may be as large as anything that comes and
+// goes here (on the seed day a second fine-tune, a stranger, came while
+// the first ran). Services are left out: one 40 GiB model must not keep
+// every job of a workload never seen out of a card with 30 GiB free. With
+// no job running, the 90th percentile of everything seen but its largest
+// member. Uncertain by strangerSpread: a stranger is let in with a tenth
+// of its price to spare. Learning a workload is bounded: one pod of it at
+// a time; its siblings wait until it has shown its size (Learning).
+func (v gpuView) explorer() item {
+	var p float64
+	for c, peak := range v.peaks {
+		w := v.obs.Memory.Workloads[v.obs.workload(c)]
+		if v.age(c) < transientAge && w.Lifetime < transientAge {
+			p = max(p, float64(max(peak, v.obs.Memory.Containers[c].size())))
+		}
+	}
+	for _, b := range v.obs.Memory.Sizes {
+		p = max(p, float64(b))
+	}
+	if n := len(v.sizes.sorted); p == 0 && n > 0 {
+		p = sizes{v.sizes.sorted[:max(n-1, 1)]}.quantile(0.9)
+	}
+	return item{mean: p, sd: strangerSpread * p}
+}
+
+// demand is a waiting pod in a forecast.
+type demand struct {
+	item
+	replicas int
+	// patience is the waiting it saves by being let in now: a Window, the
+	// least a pod not let in waits for the count to move again.
+	patience float64
+	// known: priced from its workload's record; learning: a sibling of a
+	// pod still being learnt; explore: the first pod of a workload never
+	// seen. none: nothing to price it with.
+	known, learning, explore, none bool
+}
+
+// queue prices the waiting pods in queue order (a replica goes to the
+// oldest waiting pod, first come first served), each once whatever
+// replicas it asks for: a pod's memory is its processes', not its replica
+// IDs'.
+//
+//   - A pod of a known workload is priced at what its pods grew to by the
+//     time they had shared the GPU as long as it will (PeakBy over its
+//     horizon), uncertain by how much its pods differed from one another.
+//   - A sibling of a pod still being learnt (its workload's first pod runs,
+//     not watched for a Window yet) at least twice what that pod has
+//     shown: a burst of 24 jobs that load 6 GiB and grow to 12 GiB two
+//     minutes later, priced at the 6 GiB the first showed, fills an 80 GiB
+//     card twice over; pods that load a little and grow a lot start beside
+//     it at once.
+//   - The first pod of a workload never seen, when no pod is being learnt:
+//     at the node's typical size (explorer); any other stranger at the
+//     node's distribution (stranger).
+func (v gpuView) queue(led ledger) []demand {
+	shown := map[string]float64{} // workloads being learnt: the most their running pods showed
+	learning := false
+	for c := range led.s.ContainerPeaks {
+		if wl := v.obs.workload(c); !v.obs.Memory.Workloads[wl].Known(v.cfg) && v.age(c) < v.cfg.Window {
+			shown[wl] = max(shown[wl], float64(v.peaks[c]))
+			learning = true
+		}
+	}
+	stranger, explorer := v.sizes.stranger(), v.explorer()
+	out := make([]demand, 0, len(v.obs.Pending))
+	for _, p := range v.obs.Pending {
+		d := demand{replicas: max(p.Replicas, 1), patience: v.cfg.Window.Seconds()}
+
+		w := v.obs.Memory.Workloads[p.Workload]
+		s, sibling := shown[p.Workload]
+		switch {
+		case w.Known(v.cfg):
+			m := float64(w.PeakBy(v.horizon(p)))
+			sd, _ := w.spread() // one pod seen: its record is the trajectory a repeat follows
+			d.item, d.known = item{mean: m, sd: max(sd, settledSpread*m)}, true
+		case sibling && s == 0:
+			// Its first pod has shown nothing yet, or is let in now.
+			d.learning, d.none = true, true
+		case sibling:
+			d.item, d.learning = item{mean: max(2*s, stranger.mean), sd: stranger.sd}, true
+		case !learning && explorer.mean > 0:
+			d.item, d.explore = explorer, true
+			learning = true
+			shown[p.Workload] = 0 // let in now: its siblings wait for it
+		default:
+			// Another workload never seen, while one is being learnt: no
+			// cheaper than the first.
+			d.item = explorer
+		}
+		d.none = d.none || d.mean <= 0
+		out = append(out, d)
+	}
+	return out
+}
+
+// arrival is the price of a pod not here yet, the one a spare replica or a
+// departing pod's replica goes to: a pod of the node's size (stranger); but
+// while a workload is being learnt, at least twice what its pods have shown
+// and no cheaper than a stranger's first pod (explorer): the pods that come
+// next are most likely its siblings, and a sibling is let in only at twice
+// what the first showed (a burst that loads 6 GiB and grows to 12 GiB
+// after two minutes took every spare replica on an 80 GiB card at 6 GiB,
+// then crashed 16 times).
+func (v gpuView) arrival(led ledger) item {
+	a := v.sizes.stranger()
+	shown := 0.0
+	for c := range led.s.ContainerPeaks {
+		if !v.obs.Memory.Workloads[v.obs.workload(c)].Known(v.cfg) && v.age(c) < v.cfg.Window {
+			shown = max(shown, 2*float64(v.peaks[c]), v.explorer().mean)
+		}
+	}
+	if shown > a.mean {
+		a = item{mean: shown, sd: max(a.sd, strangerSpread*shown)}
+	}
+	return a
+}
+
+// overflow is the chance that memory of the given mean and variance passes
+// total (a normal approximation of a sum of pods).
+func overflow(total, mean, variance float64) float64 {
+	if variance <= 0 {
+		if mean > total {
+			return 1
+		}
+		return 0
+	}
+	return 0.5 * math.Erfc((total-mean)/math.Sqrt(2*variance))
+}
+
+// candidate is one count weighed by the objective.
+type candidate struct {
+	n int
+	// risk is the expected number of GPU OOM incidents while the count
+	// holds: one chance for each pod it lets in, in queue order, then for
+	// each spare replica a pod of the node's size; and, while someone
+	// would still wait, the replicas of the running pods that leave first
+	// handed on to the next pods in line before any sample sees them.
+	risk float64
+	// admitted counts the waiting pods it lets in now, spares the replicas
+	// left for pods not here yet; saved is the waiting it saves them.
+	admitted, spares int
+	saved            float64
+	// cost is what it is expected to cost, in pod-seconds of waiting.
+	cost float64
+}
+
+// maxHandoffs bounds how many departures in a row a forecast follows: a
+// count holds for at least its settle time, and a burst's jobs leave one
+// after the other.
+const maxHandoffs = 4
+
+// weigh predicts count n from the ledger, the priced queue and the price
+// of a pod not here yet.
+func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
+	c := candidate{n: n}
+	total := float64(led.s.MemoryTotalBytes)
+	a := led.s.ReplicasAllocated
+	mean, vr := led.held()
+	c.risk = overflow(total, mean, vr)
+	if n < a {
+		// No pod is let in until fewer than n hold replicas.
+		return c
+	}
+	free := n - a
+	k := 0
+	for k < len(q) && !q[k].none && q[k].replicas <= free {
+		mean += q[k].mean
+		vr += q[k].sd * q[k].sd
+		free -= q[k].replicas
+		c.saved += q[k].patience
+		k++
+		c.risk += overflow(total, mean, vr)
+	}
+	c.admitted = k
+	arrival := v.arrival(led)
+	if k == len(q) && free > 0 && arrival.mean > 0 {
+		c.spares = free
+		for range free {
+			mean += arrival.mean
+			vr += arrival.sd * arrival.sd
+			c.risk += overflow(total, mean, vr)
+		}
+	}
+	// Pods that leave hand their replicas on at once, before any sample
+	// sees it: to the next waiting pods, or to pods not here yet, and the
+	// count holds for its settle time. Every departure of the next few, the
+	// smallest pods first (they free the least), is a chance of an OOM. A
+	// pod that cannot be priced yet (its workload's first pod has shown
+	// nothing) is taken at the node's 90th percentile: a count is not
+	// committed on a guess.
+	var next []item
+	for _, d := range q[k:] {
+		if d.none {
+			d.item = item{mean: v.sizes.quantile(0.9), sd: arrival.sd}
+		}
+		next = append(next, d.item)
+	}
+	leaving := v.transient(led)
+	for len(next) < min(len(leaving), maxHandoffs) && arrival.mean > 0 {
+		next = append(next, arrival)
+	}
+	// The chain's steps build on each other, so the chance that one of them
+	// overflows is about that of the worst.
+	worst := 0.0
+	for j := range min(len(leaving), len(next), maxHandoffs) {
+		mean += next[j].mean - leaving[j].mean
+		vr += next[j].sd*next[j].sd - leaving[j].sd*leaving[j].sd
+		worst = max(worst, overflow(total, mean, max(vr, 0)))
+	}
+	c.risk += worst
+	return c
+}
+
+// transientAge is how old a pod of a workload whose pods' lifetime is not
+// known may be and still be expected to leave soon: a job. Older, it is a
+// service, and will not hand its replica on.
+const transientAge = 2 * time.Hour
+
+// transient are the running pods expected to leave while a count holds
+// (its settle time), in the order they are expected to leave: a pod of a
+// workload whose pods ran for a known time leaves when it reaches it; one
+// whose lifetime is not known yet may leave at any moment while it is
+// younger than transientAge, and is taken to leave first if it is the
+// smallest (it frees the least).
+func (v gpuView) transient(led ledger) []item {
+	type leaving struct {
+		item
+		in time.Duration
+	}
+	var out []leaving
+	for i, c := range slices.Sorted(maps.Keys(led.s.ContainerPeaks)) {
+		w := v.obs.Memory.Workloads[v.obs.workload(c)]
+		age := v.age(c)
+		switch {
+		case w.Known(v.cfg) && w.Lifetime < transientAge:
+			// Its pods ran up to Lifetime; this one may end sooner.
+			out = append(out, leaving{led.running[i], max(w.Lifetime-age, 0)})
+		case !w.Known(v.cfg) && age < transientAge:
+			out = append(out, leaving{led.running[i], 0})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b leaving) int {
+		if a.in != b.in {
+			return cmpFloat(float64(a.in), float64(b.in))
+		}
+		return cmpFloat(a.mean, b.mean)
+	})
+	items := make([]item, len(out))
+	for i, l := range out {
+		items[i] = l.item
+	}
+	return items
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// price fills in c.cost: the expected OOMs at Config.OOMCost, less the
+// waiting it saves (each waiting pod it lets in, its patience; a spare
+// replica, a round and the apply latency for each pod that arrived in the
+// last Window: the next one starts at once instead of waiting for a
+// raise), plus the change's own cost when n is not the current count
+// (Config.ChangeCost, its latency, and its blackout for every pod that may
+// want a replica meanwhile).
+func (v gpuView) price(c *candidate) {
+	cfg, apply := v.cfg, v.obs.Apply
+	c.cost = cfg.OOMCost.Seconds()*c.risk - c.saved
+	if c.spares > 0 {
+		c.cost -= float64(1+v.arrivals()) * (cfg.SampleInterval + apply.Latency).Seconds()
+	}
+	if c.n != v.cur {
+		c.cost += cfg.ChangeCost.Seconds() + apply.Latency.Seconds() + apply.Blackout.Seconds()*float64(1+len(v.obs.Pending))
+	}
+}
+
+// arrivals counts the containers first seen in the last Window: how many
+// pods a spare replica may serve.
+func (v gpuView) arrivals() int {
+	n := 0
+	for _, c := range v.obs.Memory.Containers {
+		if v.now.Sub(c.FirstSeen) <= v.cfg.Window {
+			n++
+		}
+	}
+	return n
+}
+
+// bounds are the counts the objective may choose from, and why the range
+// is narrowed (for the message of a hold).
+type bounds struct {
+	lo, hi               int
+	loReason, hiReason   string
+	loMessage, hiMessage string
+}
+
+func (v gpuView) decide(lastChange time.Time) Decision {
+	cfg, cur := v.cfg, v.cur
+	sinceChange := time.Duration(math.MaxInt64)
+	if !lastChange.IsZero() {
+		sinceChange = v.now.Sub(lastChange)
+	}
+	settle := v.obs.Apply.Settle(cfg)
+	// An OOM since the last change says it was wrong; nothing else may
+	// undo a change before it has settled.
+	oomSince := !lastChange.IsZero() && v.obs.Memory.LastOOM.After(lastChange)
+	settling := sinceChange < settle && !oomSince
+
+	var loops []CrashLoop
+	if latest := len(v.window) - 1; latest >= 0 {
+		for _, c := range slices.Sorted(maps.Keys(v.window[latest].ContainerPeaks)) {
+			if cm := v.obs.Memory.Containers[c]; cm.OOMs >= 2 && v.now.Sub(cm.LastOOM) <= cfg.Window {
+				loops = append(loops, CrashLoop{Container: c, GPU: v.uuid, OOMs: cm.OOMs, Evict: cfg.EvictCrashLoops})
+			}
+		}
+	}
+	withLoops := func(d Decision) Decision { d.CrashLoops = loops; return d }
+
+	// Lowerings on evidence, at once: the smallest target wins; on equal
+	// targets the order below (OOM, crash loop, fullness, bound) names the
+	// reason.
+	low := Decision{Replicas: cur}
+	lower := func(to int, reason, msg string) {
+		if to < low.Replicas {
+			low = Decision{Replicas: to, Reason: reason, Message: msg + fmt.Sprintf(", lowering %d -> %d", cur, to)}
+		}
+	}
+	oi := v.ooms()
+	if oi.incidents > 0 {
+		lower(oi.target, ReasonGPUOOM, fmt.Sprintf("%d GPU OOM incident(s) on a full GPU in the last %s; %d pods did not fit together%s",
+			oi.incidents, cfg.Window, oi.alloc, oi.fits))
+	}
+	led, ok := v.latest, v.ok
+	if ok && len(loops) > 0 && cfg.EvictCrashLoops {
+		// The evicted pod's replica must not go, unpriced, to the next.
+		lower(max(led.s.ReplicasAllocated-len(loops), cfg.MinReplicas, 1), ReasonCrashLoop,
+			fmt.Sprintf("%s OOMed %d times in a row on a full GPU: evicting it", loops[0].Container, loops[0].OOMs))
+	}
+	if ok && !settling {
+		if to, msg := v.full(led); to < cur {
+			lower(max(to, cfg.MinReplicas, 1), ReasonMemoryFull, msg)
+		}
+	}
+	if cur > cfg.MaxReplicas {
+		lower(cfg.MaxReplicas, ReasonAboveMaximum, fmt.Sprintf("%d replicas is above maxReplicas %d", cur, cfg.MaxReplicas))
+	}
+	if low.Replicas < cur {
+		return withLoops(low)
+	}
+	if cur < cfg.MinReplicas {
+		return withLoops(Decision{Replicas: cfg.MinReplicas, Reason: ReasonBelowMinimum,
+			Message: fmt.Sprintf("%d replicas is below minReplicas %d", cur, cfg.MinReplicas)})
+	}
+	hold := func(reason, format string, args ...any) Decision {
+		return withLoops(Decision{Replicas: cur, Reason: reason, Message: fmt.Sprintf(format, args...)})
+	}
+	if sinceChange < cfg.SampleInterval {
+		return hold(ReasonCooldown, "last change %s ago, less than a sample, keeping %d replicas", sinceChange, cur)
+	}
+	if len(v.window) > 0 {
+		if adv := v.window[len(v.window)-1].ReplicasAdvertised; adv != 0 && adv != cur {
+			return hold(ReasonAwaitingApply, "%d replicas advertised, %d decided: the last change has not taken effect", adv, cur)
+		}
+	}
+	if !ok {
+		return hold(ReasonNoWorkload, "the GPU's total memory is unknown, nothing to size a change, keeping %d replicas", cur)
+	}
+
+	// The counts the objective may choose from.
+	b := bounds{lo: max(v.base, cfg.MinReplicas, 1), hi: min(cfg.MaxReplicas, cur+cfg.MaxStepUp)}
+	b.lo = min(b.lo, cur)
+	narrowHi := func(to int, reason, format string, args ...any) {
+		if to < b.hi || (to == b.hi && b.hiReason == "") {
+			b.hi, b.hiReason, b.hiMessage = max(to, cur), reason, fmt.Sprintf(format, args...)
+		}
+	}
+	pressed, _, pressMsg := v.pressure()
+	switch {
+	case oi.incidents > 0:
+		narrowHi(cur, ReasonRecentOOM, "%d GPU OOM incident(s) on a full GPU in the last %s", oi.incidents, cfg.Window)
+	case pressed:
+		narrowHi(cur, ReasonOngoingPressure, "%s", pressMsg)
+	case !covers(v.window, v.now.Add(-cfg.Window), v.now, cfg.SampleInterval):
+		narrowHi(cur, ReasonInsufficientHistory, "samples cover less than the %s window (%d samples, one every %s expected)",
+			cfg.Window, len(v.window), cfg.SampleInterval)
+	}
+	if banned, c, at := v.banned(); banned < b.hi {
+		narrowHi(banned, ReasonRememberedOOM, "%s, still running, OOMed on a full GPU with %d pods at %s", c, banned+1, at.Format(time.RFC3339))
+	}
+	if settling {
+		switch v.obs.LastDirection {
+		case DirectionUp:
+			b.lo, b.loReason = cur, ReasonSettling
+			b.loMessage = fmt.Sprintf("the raise %s ago has not settled (%s) and no OOM came since", sinceChange.Round(time.Second), settle)
+		case DirectionDown:
+			narrowHi(cur, ReasonSettling, "the lowering %s ago has not settled (%s)", sinceChange.Round(time.Second), settle)
+		}
+	}
+
+	q := v.queue(led)
+	var best candidate
+	var at candidate
+	for n := b.lo; n <= max(b.hi, b.lo); n++ {
+		c := v.weigh(led, q, n)
+		v.price(&c)
+		if n == cur {
+			at = c
+		}
+		if debugObjective {
+			fmt.Printf("    n=%d risk=%.4f admitted=%d spares=%d cost=%.0f\n", n, c.risk, c.admitted, c.spares, c.cost)
+		}
+		if n == b.lo || c.cost < best.cost || (c.cost == best.cost && abs(n-cur) < abs(best.n-cur)) {
+			best = c
+		}
+	}
+	mean, _ := led.held()
+	state := fmt.Sprintf("%s of %s used with %d allocated, %s reserved", gib(led.s.MemoryUsedBytes), gib(led.s.MemoryTotalBytes),
+		led.s.ReplicasAllocated, gibf(mean))
+	why := func(c candidate) string {
+		s := fmt.Sprintf("%d replicas: OOM risk %.2g%%", c.n, 100*c.risk)
+		if c.admitted > 0 {
+			s += fmt.Sprintf(", lets in %d of %d waiting (%s)", c.admitted, len(q), prices(q[:min(c.admitted, 6)]))
+		}
+		if c.spares > 0 {
+			s += fmt.Sprintf(", %d spare", c.spares)
+		}
+		return s
+	}
+	switch {
+	case best.n > cur:
+		return withLoops(Decision{Replicas: best.n, Reason: ReasonSustainedHeadroom,
+			Message: fmt.Sprintf("%s; %s, raising %d -> %d", state, why(best), cur, best.n)})
+	case best.n < cur:
+		return withLoops(Decision{Replicas: best.n, Reason: ReasonUnbackedReplicas,
+			Message: fmt.Sprintf("%s; %s (at %d: %.2g%%), lowering %d -> %d", state, why(best), cur, 100*at.risk, cur, best.n)})
+	}
+	// Keeping the count: say what held a change.
+	next := v.weigh(led, q, cur+1)
+	v.price(&next)
+	switch {
+	case b.hi <= cur && b.hiReason != "" && next.cost < at.cost:
+		return hold(b.hiReason, "%s; keeping %d replicas", b.hiMessage, cur)
+	case b.lo >= cur && b.loReason != "" && cur > 1 && v.cheaper(led, q, cur-1, at):
+		return hold(b.loReason, "%s; keeping %d replicas", b.loMessage, cur)
+	}
+	pending := len(v.obs.Pending)
+	switch {
+	case pending > 0 && at.admitted < len(q) && at.admitted < cur-led.s.ReplicasAllocated:
+		// Replicas are free but the next pod is not let in: it is the
+		// kubelet's or the scheduler's turn, not the count's.
+		return hold(ReasonFreeReplicas, "%d of %d replicas are free, %d pod(s) wait, keeping %d replicas", cur-led.s.ReplicasAllocated, cur, pending, cur)
+	case pending > 0 && at.admitted < len(q) && q[at.admitted].learning:
+		return hold(ReasonLearning, "%d pod(s) wait; the next is of a workload whose first pod is still being learnt; %s; %s, keeping %d replicas",
+			pending, state, why(next), cur)
+	case pending > 0 && at.admitted < len(q):
+		return hold(ReasonInsufficientHeadroom, "%d pod(s) wait; %s; %s, keeping %d replicas", pending, state, why(next), cur)
+	case cur > led.s.ReplicasAllocated:
+		return hold(ReasonFreeReplicas, "%d of %d replicas are free, no pod needs another; %s, keeping %d replicas", cur-led.s.ReplicasAllocated, cur, why(at), cur)
+	case v.sizes.stranger().mean == 0:
+		return hold(ReasonNoWorkload, "no container memory seen in the last %s nor remembered, nothing to size a raise, keeping %d replicas", cfg.Window, cur)
+	}
+	return hold(ReasonInsufficientHeadroom, "every replica is taken; %s; %s, keeping %d replicas", state, why(next), cur)
+}
+
+// cheaper says whether count n would cost less than at.
+func (v gpuView) cheaper(led ledger, q []demand, n int, at candidate) bool {
+	c := v.weigh(led, q, n)
+	v.price(&c)
+	return c.cost < at.cost
+}
+
+// prices writes demands as "6.0 GiB, 6.0 GiB and 8.0 GiB".
+func prices(q []demand) string {
+	bs := make([]uint64, len(q))
+	for i, d := range q {
+		bs[i] = uint64(d.mean)
+	}
+	return gibs(bs)
+}
+
+func abs(n int) int { return max(n, -n) }
+
+// debugObjective prints every candidate (a tool for replays).
+var debugObjective = os.Getenv("GPUSLICE_DEBUG_OBJECTIVE") != ""
