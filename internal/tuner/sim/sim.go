@@ -152,9 +152,9 @@ type Result struct {
 	// PodsWithOOM failed at least once.
 	PodsWithOOM int `json:"podsWithOOM"`
 	// MaxPendingSeconds is the longest a single pod waited.
-	MaxPendingSeconds float64  `json:"maxPendingSeconds"`
-	MinReplicas       int      `json:"minReplicas"`
-	MaxReplicas       int      `json:"maxReplicas"`
+	MaxPendingSeconds float64 `json:"maxPendingSeconds"`
+	MinReplicas       int     `json:"minReplicas"`
+	MaxReplicas       int     `json:"maxReplicas"`
 	// ApplyMode is the apply mode replayed, ApplyLatencySeconds the
 	// latency charged over all changes (a change takes effect that long
 	// after the decision) and BlackoutSeconds the time the node admitted
