@@ -233,9 +233,10 @@ var Catalogue = []Signature{
 	{
 		// The error XLA returns when its device allocator (the BFC pool by
 		// default) gives no memory, under JAX and TensorFlow's XLA. The size
-		// is printed in bytes ("N bytes.", XLA and jaxlib before 2026) or by
-		// tsl's HumanReadableNumBytes ("512B", "400.00GiB"), then "." or, in
-		// jaxlib 0.11, " with allocator GPU_0_bfc on device 0.". The host
+		// is printed in bytes ("N bytes.", XLA's wording for years) or, in
+		// later XLA, by tsl's HumanReadableNumBytes ("512B", "400.00GiB"),
+		// then "." or, in jaxlib 0.11, " with allocator GPU_0_bfc on device
+		// 0.". The host
 		// variant ("Out of host memory while ...") is pinned host memory and
 		// does not match. Every form with its source: jaxForms in
 		// catalogue_test.go.

@@ -31,14 +31,15 @@ var jaxForms = []jaxForm{
 	// openxla/xla xla/stream_executor/integrations/tf_allocator_adapter.cc
 	// (before: tensorflow/tensorflow tensorflow/stream_executor/
 	// tf_allocator_adapter.cc), TfAllocatorAdapter::Allocate /
-	// MemoryAllocationError: the size as "N bytes." in every jaxlib up to
-	// the XLA of 2025.
-	{"bytes, XlaRuntimeError", "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes.", "openxla/xla tf_allocator_adapter.cc, jaxlib 0.3 to 0.7", true},
+	// MemoryAllocationError: the size as "N bytes.", the wording of every
+	// stored revision up to 2025 (jax-ml/jax#13428 in 2022,
+	// flatironinstitute/nemos#345 in 2025).
+	{"bytes, XlaRuntimeError", "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes.", "openxla/xla tf_allocator_adapter.cc; the exception's name up to jaxlib 0.7", true},
 	{"bytes, old status text", "RuntimeError: Resource exhausted: Out of memory while trying to allocate 4294967296 bytes.", "tensorflow/tensorflow tensorflow/stream_executor/tf_allocator_adapter.cc, jaxlib 0.1 to 0.3", true},
 	{"bytes, JaxRuntimeError", "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes.", "openxla/xla tf_allocator_adapter.cc; jax-ml/jax jaxlib/jax.cc, jax 0.8+", true},
-	// The same function in XLA of 2026: the size by tsl's
-	// HumanReadableNumBytes ("%lldB" under 1 KiB, else "%.2f" and KiB, MiB,
-	// GiB, TiB, PiB, EiB), then ".".
+	// The same function in a later stored revision (2026): the size by
+	// tsl's HumanReadableNumBytes ("%lldB" under 1 KiB, else "%.2f" and
+	// KiB, MiB, GiB, TiB, PiB, EiB), then ".".
 	{"units", "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 400.00GiB.", "openxla/xla tf_allocator_adapter.cc MemoryAllocationError with HumanReadableNumBytes", true},
 	{"units, under 1 KiB", "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 512B.", "openxla/xla tf_allocator_adapter.cc; tsl/platform/numbers.cc HumanReadableNumBytes", true},
 	{"units, KiB", "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.50KiB.", "tsl/platform/numbers.cc HumanReadableNumBytes", true},
@@ -58,7 +59,7 @@ var jaxForms = []jaxForm{
 	// tensorflow/core/common_runtime/bfc_allocator.cc. "(rounded to N)"
 	// then "requested by op …" with no space in older versions.
 	{"bfc failure, jax 0.11", "W1126 04:01:02.345678  1234 bfc_allocator.cc:501] Allocator (GPU_0_bfc) ran out of memory trying to allocate 400.00GiB (rounded to 429496729600) ...", "xla/tsl/framework/bfc_allocator.cc; jaxlib 0.11.2 on an H200 (issue 22)", true},
-	{"bfc failure, older", "2025-03-23 20:28:59.832181: W external/xla/xla/tsl/framework/bfc_allocator.cc:501] Allocator (GPU_0_bfc) ran out of memory trying to allocate 1.25TiB (rounded to 1374521760000)requested by op ", "xla/tsl/framework/bfc_allocator.cc, jaxlib 0.4/0.5 (jax-ml/jax#27354)", true},
+	{"bfc failure, older", "2025-03-23 20:28:59.832181: W external/xla/xla/tsl/framework/bfc_allocator.cc:501] Allocator (GPU_0_bfc) ran out of memory trying to allocate 1.25TiB (rounded to 1374521760000)requested by op ", "xla/tsl/framework/bfc_allocator.cc, a jaxlib of March 2025 (jax-ml/jax#27354)", true},
 	{"bfc failure, second GPU, bytes", "Allocator (GPU_1_bfc) ran out of memory trying to allocate 256B (rounded to 256)requested by op ", "xla/tsl/framework/bfc_allocator.cc with HumanReadableNumBytes under 1 KiB", true},
 	// The same allocator when the caller retries or can do without: "The
 	// caller indicates that this is not a failure" (same file, AllocateRaw).
@@ -82,7 +83,8 @@ var jaxForms = []jaxForm{
 	{"async allocator, TF-era error name line", " Error name: cudaErrorMemoryAllocation", "tensorflow/tensorflow gpu_cudamallocasync_allocator.cc (cudaGetErrorName on its own line)", true},
 
 	// Lines that mention memory and are no OOM.
-	{"jax memory fraction log", "XLA backend will use up to 37565513728 bytes on device 0 for BFCAllocator.", "openxla/xla xla/pjrt/gpu/gpu_helpers.cc (the pool's size at start)", false},
+	{"pool size, no preallocation", "I0000 00:00:1743992045.563251 3890942 gpu_helpers.cc:177] XLA backend will use up to 37565513728 bytes on device 0 for BFCAllocator.", "openxla/xla xla/pjrt/gpu/gpu_helpers.cc (the pool's size at start)", false},
+	{"pool size, preallocated", "I0000 00:00:1743992045.563094 3890942 gpu_helpers.cc:136] XLA backend allocating 3825205248 bytes on device 0 for BFCAllocator.", "openxla/xla xla/pjrt/gpu/gpu_helpers.cc", false},
 	{"rematerialization", "W external/xla/xla/hlo/transforms/simplifiers/hlo_rematerialization.cc:3021] Can't reduce memory use below 0B (0 bytes) by rematerialization; only reduced to 1.25TiB (1374521760000 bytes), down from 1.25TiB (1374521760000 bytes) originally", "openxla/xla hlo_rematerialization.cc (jax-ml/jax#27354)", false},
 	{"both fraction names", "ValueError: XLA_CLIENT_MEM_FRACTION is specified together with XLA_PYTHON_CLIENT_MEM_FRACTION. Remove the latter one, it is deprecated.", "jax-ml/jax jaxlib/xla_client.py generate_pjrt_gpu_plugin_options", false},
 	{"cpu fallback", "An NVIDIA GPU may be present on this machine, but a CUDA-enabled jaxlib is not installed. Falling back to cpu.", "jax-ml/jax jax/_src/xla_bridge.py", false},
