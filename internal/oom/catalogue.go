@@ -231,14 +231,39 @@ var Catalogue = []Signature{
 		NearMissSource: "https://github.com/NVIDIA/nccl/issues/1283",
 	},
 	{
-		// XLA's BFC allocator under JAX and TensorFlow.
-		Pattern:        `Out of memory while trying to allocate \d+ bytes`,
-		Software:       "JAX / XLA",
+		// The error XLA returns when its device allocator (the BFC pool by
+		// default) gives no memory, under JAX and TensorFlow's XLA. The size
+		// is printed in bytes ("N bytes.", XLA's wording for years) or, in
+		// later XLA, by tsl's HumanReadableNumBytes ("512B", "400.00GiB"),
+		// then "." or, in jaxlib 0.11, " with allocator GPU_0_bfc on device
+		// 0.". The host
+		// variant ("Out of host memory while ...") is pinned host memory and
+		// does not match. Every form with its source: jaxForms in
+		// catalogue_test.go.
+		Pattern:        `\bOut of memory while trying to allocate (?:\d+ bytes|\d+(?:\.\d+)?(?:[KMGTPE]i)?B)\b`,
+		Software:       "JAX / XLA (all jaxlib versions; XlaRuntimeError, JaxRuntimeError)",
 		Kind:           KindDevice,
 		Example:        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456 bytes.",
 		Source:         "https://github.com/jax-ml/jax/issues/13428",
 		NearMiss:       "RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space vmem.",
 		NearMissSource: "https://github.com/pytorch/xla/issues/9524",
+	},
+	{
+		// The BFC allocator's warning when an allocation has finally failed
+		// (tsl, now xla/tsl/framework/bfc_allocator.cc): only then does it
+		// print "(rounded to N)". The same allocator's "with
+		// freed_by_count=…" warning is a retried or optional allocation and
+		// no failure. GPU_<n>_bfc is a device pool; the host pools are named
+		// otherwise (gpu_host_bfc, xla_gpu_host_bfc). It precedes JAX's
+		// and TensorFlow's exception by milliseconds, so the collapse window
+		// makes the two one event.
+		Pattern:        `\bAllocator \(GPU_\d+_bfc\) ran out of memory trying to allocate \d+(?:\.\d+)?(?:[KMGTPE]i)?B \(rounded to \d+\)`,
+		Software:       "XLA / TensorFlow BFC allocator (JAX, TensorFlow)",
+		Kind:           KindDevice,
+		Example:        "2025-03-23 20:28:59.832181: W external/xla/xla/tsl/framework/bfc_allocator.cc:501] Allocator (GPU_0_bfc) ran out of memory trying to allocate 1.25TiB (rounded to 1374521760000)requested by op ",
+		Source:         "https://github.com/jax-ml/jax/issues/27354",
+		NearMiss:       "2025-05-18 21:59:55.086788: W external/xla/xla/tsl/framework/bfc_allocator.cc:310] Allocator (GPU_0_bfc) ran out of memory trying to allocate 3.37GiB with freed_by_count=0. The caller indicates that this is not a failure, but this may mean that there could be performance gains if more memory were available.",
+		NearMissSource: "https://github.com/flatironinstitute/nemos/issues/345",
 	},
 	{
 		// XLA's stream-executor allocator ("RESOURCE_EXHAUSTED" since

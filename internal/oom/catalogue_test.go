@@ -53,6 +53,8 @@ var realPositives = []realMessage{
 	{"2021-10-15 15:01:44.577626: E external/org_tensorflow/tensorflow/stream_executor/cuda/cuda_driver.cc:764] failed to alloc 2740606464 bytes unified memory; result: CUDA_ERROR_OUT_OF_MEMORY: out of memory", "https://github.com/google-deepmind/alphafold/issues/197", KindDevice},
 	{"2021-07-21 16:15:16.513776: E external/org_tensorflow/tensorflow/compiler/xla/pjrt/pjrt_stream_executor_client.cc:1981] Execution of replica 0 failed: Resource exhausted: Failed to allocate request for 32.00MiB (33554432B) on device ordinal 0", "https://github.com/kingoflolz/mesh-transformer-jax/issues/66", KindDevice},
 	{"RESOURCE_EXHAUSTED: Failed to allocate request for 256.00MiB (268435456B) on device ordinal 0", "https://github.com/kingoflolz/mesh-transformer-jax/issues/209", KindDevice},
+	{"2025-03-23 20:28:59.832181: W external/xla/xla/tsl/framework/bfc_allocator.cc:501] Allocator (GPU_0_bfc) ran out of memory trying to allocate 1.25TiB (rounded to 1374521760000)requested by op ", "https://github.com/jax-ml/jax/issues/27354", KindDevice},
+	{"jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 3199993600 bytes.", "https://github.com/flatironinstitute/nemos/issues/345", KindDevice},
 	// llama.cpp and ollama.
 	{"ggml_backend_cuda_buffer_type_alloc_buffer: allocating 144817.04 MiB on device 0: cudaMalloc failed: out of memory", "https://github.com/ggml-org/llama.cpp/issues/20431", KindDevice},
 	{"alloc_tensor_range: failed to allocate CUDA0 buffer of size 151851674624", "https://github.com/ggml-org/llama.cpp/issues/20431", KindDevice},
@@ -159,6 +161,11 @@ var realNegatives = []realMessage{
 	{"2017/11/30 13:19:18 rpc error: code = ResourceExhausted desc = Quota exceeded.", "https://github.com/googleapis/google-cloud-go/issues/815", ""},
 	{"2026-01-25T17:42:14.231+0300 [QUIET] [system.out] io.grpc.StatusException: RESOURCE_EXHAUSTED: ResourceExhausted", "https://github.com/D00mch/souz/issues/270", ""},
 	{"RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space vmem.", "https://github.com/pytorch/xla/issues/9524", ""},
+	// XLA's BFC allocator on a retried or optional allocation: no failure.
+	{"2025-05-18 21:59:55.086788: W external/xla/xla/tsl/framework/bfc_allocator.cc:310] Allocator (GPU_0_bfc) ran out of memory trying to allocate 3.37GiB with freed_by_count=0. The caller indicates that this is not a failure, but this may mean that there could be performance gains if more memory were available.", "https://github.com/flatironinstitute/nemos/issues/345", ""},
+	// XLA's rematerialization pass reports what it could not save; the
+	// allocation that may follow is counted on its own lines.
+	{"2025-03-23 20:28:49.804627: W external/xla/xla/hlo/transforms/simplifiers/hlo_rematerialization.cc:3021] Can't reduce memory use below 0B (0 bytes) by rematerialization; only reduced to 1.25TiB (1374521760000 bytes), down from 1.25TiB (1374521760000 bytes) originally", "https://github.com/jax-ml/jax/issues/27354", ""},
 	// Pinned host memory.
 	{"WARNING: failed to allocate 1024.00 MB of pinned memory: out of memory", "https://github.com/ggml-org/llama.cpp/pull/1233", ""},
 	{"WARNING: failed to allocate 4096.02 MB of pinned memory: out of memory", "https://github.com/ollama/ollama/issues/1955", ""},

@@ -12,27 +12,33 @@ import (
 // Environment variables of the memory guardrails. Time-slicing cannot cap a
 // container's GPU memory; these tell the frameworks that take most of the
 // GPU by default (JAX/XLA preallocates 75 %, TensorFlow maps nearly all of
-// it) to grow as needed instead, and JAX to stop at its share. See
-// docs/plugin.md for what each one does and does not guarantee.
+// it) to grow as needed instead. See docs/plugin.md for what each one does
+// and does not guarantee.
 const (
 	// EnvMemoryFraction is the share of each allocated GPU's memory the
 	// container's allocator pool should stay under (guardrailFraction),
 	// for applications to pass to PyTorch's
 	// torch.cuda.set_per_process_memory_fraction, which no environment
-	// variable sets.
+	// variable sets, or to JAX's fraction variable (below) themselves.
 	EnvMemoryFraction = "GPUSLICE_GPU_MEMORY_FRACTION"
 	// EnvXLAPreallocate=false makes JAX allocate as needed instead of
-	// reserving its whole pool when it starts.
+	// reserving its whole pool when it starts. Every jaxlib reads it, and
+	// it has one name, so a value the pod or the program sets itself wins
+	// and nothing can conflict with it.
 	EnvXLAPreallocate = "XLA_PYTHON_CLIENT_PREALLOCATE"
-	// EnvXLAMemFraction caps XLA's BFC allocator pool at this fraction of
-	// the GPU's total memory, with or without preallocation.
-	EnvXLAMemFraction = "XLA_CLIENT_MEM_FRACTION"
-	// EnvXLAMemFractionOld is the name JAX read before
-	// XLA_CLIENT_MEM_FRACTION, and still reads; older images know only it.
-	EnvXLAMemFractionOld = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 	// EnvTFAllowGrowth=true makes TensorFlow map GPU memory as it needs it
 	// instead of nearly all of it at start.
 	EnvTFAllowGrowth = "TF_FORCE_GPU_ALLOW_GROWTH"
+)
+
+// JAX's two names for its pool's fraction of the GPU. The guardrails set
+// neither (addGuardrails says why); they are named here for the tests that
+// hold the plugin to that.
+const (
+	// EnvXLAMemFraction is the name jaxlib reads from 0.4.32 on.
+	EnvXLAMemFraction = "XLA_CLIENT_MEM_FRACTION"
+	// EnvXLAMemFractionOld is the name every jaxlib reads.
+	EnvXLAMemFractionOld = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 )
 
 // GuardrailHeadroom is the part of a replica's memory share left outside the
@@ -81,11 +87,24 @@ func guardrailFraction(p plan, ids []string) float64 {
 }
 
 // addGuardrails adds the guardrail variables to an allocation's env.
+//
+// It sets no JAX fraction variable, though either one alone would cap JAX
+// at its share, because no choice of name is safe for every program
+// (jaxlib's rule, from its generate_pjrt_gpu_plugin_options, with sources
+// in docs/plugin.md): jaxlib before 0.4.32 reads only
+// XLA_PYTHON_CLIENT_MEM_FRACTION; from 0.4.32 (XLA of September 2024) it
+// reads both names and, when both are non-empty, raises ValueError while
+// it loads its CUDA plugin, and JAX then runs on the CPU. The kubelet puts
+// the pod spec's env after the device plugin's (pod wins on the same name),
+// but the other name can come from the pod spec, an envFrom, the image or
+// the program's own os.environ before it imports jax, none of which the
+// plugin sees when it answers Allocate. Whichever name the plugin set, a
+// program that sets the other would leave its GPU. So the plugin offers
+// the fraction as EnvMemoryFraction, which no framework reads, for a
+// program to pass on under the name its JAX wants.
 func addGuardrails(env map[string]string, p plan, ids []string) {
 	f := strconv.FormatFloat(guardrailFraction(p, ids), 'f', 3, 64)
 	env[EnvMemoryFraction] = f
 	env[EnvXLAPreallocate] = "false"
-	env[EnvXLAMemFraction] = f
-	env[EnvXLAMemFractionOld] = f
 	env[EnvTFAllowGrowth] = "true"
 }

@@ -8,7 +8,7 @@
 // contention between pods, not from lines a test writes into a log.
 //
 //	fakecuda -memory 0s=2Gi,30s=6Gi [-leak 256Mi/1s] [-sm 0.4] [-run 10m]
-//	         [-framework pytorch|tensorflow|jax|llamacpp|cupy|onnxruntime|cuda]
+//	         [-framework pytorch|tensorflow|jax|jax-0.4|llamacpp|cupy|onnxruntime|cuda]
 //	         [-log-every 5s] [-print-env] [-quiet]
 //
 // -memory is piecewise constant from the start: at each offset the process

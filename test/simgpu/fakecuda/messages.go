@@ -13,9 +13,9 @@ type oomInfo struct {
 
 // oomMessages print what each framework writes on stderr when the CUDA
 // allocation fails, in the framework's own wording (PyTorch 2.x's caching
-// allocator, TensorFlow's BFC allocator, XLA under JAX, llama.cpp's CUDA
-// backend, CuPy's memory pool, ONNX Runtime's CUDA arena, the bare CUDA
-// runtime). The numbers are the simulated GPU's real ones.
+// allocator, TensorFlow's BFC allocator, XLA under current JAX and under
+// jaxlib 0.4, llama.cpp's CUDA backend, CuPy's memory pool, ONNX Runtime's
+// CUDA arena, the bare CUDA runtime). The numbers are the simulated GPU's real ones.
 var oomMessages = map[string]func(oomInfo) string{
 	"pytorch": func(o oomInfo) string {
 		return "Traceback (most recent call last):\n" +
@@ -31,7 +31,15 @@ var oomMessages = map[string]func(oomInfo) string{
 		return fmt.Sprintf("2026-11-23 10:00:00.000000: W tensorflow/core/common_runtime/bfc_allocator.cc:479] Allocator (GPU_0_bfc) ran out of memory trying to allocate %s (rounded to %d)requested by op Fill\n", gib(o.request), o.request) +
 			fmt.Sprintf("tensorflow.python.framework.errors_impl.ResourceExhaustedError: {{function_node __wrapped__Fill_device_/job:localhost/replica:0/task:0/device:GPU:0}} OOM when allocating tensor with shape[%d] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc [Op:Fill]\n", o.request/4)
 	},
+	// JAX 0.8 and later (seen with jaxlib 0.11.2): XLA's BFC allocator warns,
+	// then the exception names the size in units, the allocator and the
+	// device.
 	"jax": func(o oomInfo) string {
+		return fmt.Sprintf("W1123 10:00:00.000000  %d bfc_allocator.cc:501] Allocator (GPU_0_bfc) ran out of memory trying to allocate %s (rounded to %d)requested by op \n", o.pid, xlaBytes(o.request), o.request) +
+			fmt.Sprintf("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate %s with allocator GPU_0_bfc on device 0.\n", xlaBytes(o.request))
+	},
+	// jaxlib 0.3 to 0.7: the size in bytes, the exception XlaRuntimeError.
+	"jax-0.4": func(o oomInfo) string {
 		return fmt.Sprintf("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate %d bytes.\n", o.request)
 	},
 	"llamacpp": func(o oomInfo) string {
@@ -69,4 +77,20 @@ func human(b uint64) string {
 		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
 	}
 	return fmt.Sprintf("%d B", b)
+}
+
+// xlaBytes writes b as tsl's HumanReadableNumBytes does, which XLA uses in
+// its allocation errors: "512B" under 1 KiB, else two decimals and KiB,
+// MiB, GiB, TiB, PiB or EiB with no space.
+func xlaBytes(b uint64) string {
+	if b < 1<<10 {
+		return fmt.Sprintf("%dB", b)
+	}
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	v, i := float64(b)/(1<<10), 0
+	for v >= 1<<10 && i < len(units)-1 {
+		v /= 1 << 10
+		i++
+	}
+	return fmt.Sprintf("%.2f%s", v, units[i])
 }
