@@ -113,6 +113,11 @@ type Backend struct {
 	// ended, so that each reading asks only for newer samples.
 	mu      sync.Mutex
 	windows map[string]sampleWindow
+	// ids holds, per GPU index, what does not change while NVML stays
+	// initialized: the handle, UUID and name. Each is a call into
+	// libnvidia-ml at every scrape otherwise. Emptied by start (a new
+	// NVML session) and, for one GPU, when a call says it is gone.
+	ids map[int]identity
 	// failing holds the optional readings that failed at their last try
 	// and have been logged, so that a lasting failure is logged once.
 	failing map[reading]bool
@@ -152,6 +157,7 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 		lib:         lib,
 		log:         opts.Logger,
 		windows:     make(map[string]sampleWindow),
+		ids:         make(map[int]identity),
 		failing:     make(map[reading]bool),
 		unsupported: make(map[reading]bool),
 		init:        newInitState(opts),
@@ -181,6 +187,9 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 // reader. Callers hold life's write lock, or own b alone.
 func (b *Backend) start() {
 	b.ready = true
+	b.mu.Lock()
+	clear(b.ids) // handles of an earlier session mean nothing in this one
+	b.mu.Unlock()
 	if v, ret := b.lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		b.driverVersion = v
 	} else {
@@ -345,31 +354,70 @@ func (b *Backend) answered(uuid, call string) {
 	}
 }
 
+// identity is what a GPU index names for the life of an NVML session.
+type identity struct {
+	h          nvml.Device
+	uuid, name string
+	// named: the name was read; a failed name is asked again next time.
+	named bool
+}
+
+// identify returns GPU i's handle, UUID and name, from the cache or from
+// NVML. The name is optional: ok is false only when the handle or the UUID
+// could not be had (err then says which), and the UUID is set when known.
+func (b *Backend) identify(i int) (id identity, err error) {
+	b.mu.Lock()
+	id, ok := b.ids[i]
+	b.mu.Unlock()
+	if ok && id.named {
+		return id, nil
+	}
+	if !ok {
+		var ret nvml.Return
+		if id.h, ret = b.lib.DeviceGetHandleByIndex(i); ret != nvml.SUCCESS {
+			return identity{}, &callError{"get handle", ret}
+		}
+		if id.uuid, ret = id.h.GetUUID(); ret != nvml.SUCCESS {
+			return identity{}, &callError{"get uuid", ret}
+		}
+	}
+	name, ret := id.h.GetName()
+	if ok, err := b.optional(id.uuid, callName, ret); err != nil {
+		return id, err
+	} else if ok {
+		id.name, id.named = name, true
+	}
+	b.mu.Lock()
+	b.ids[i] = id
+	b.mu.Unlock()
+	return id, nil
+}
+
+// forgetGPU drops GPU i's cached identity, so that the next reading looks
+// the GPU up again: after a GPU is lost, its handle may not come back.
+func (b *Backend) forgetGPU(i int) {
+	b.mu.Lock()
+	delete(b.ids, i)
+	b.mu.Unlock()
+}
+
 func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	d := gpu.Device{Index: i}
 	fail := func(err error) (gpu.Device, *gpu.DeviceError) {
+		b.forgetGPU(i)
 		return gpu.Device{}, &gpu.DeviceError{Index: i, UUID: d.UUID, Err: err}
 	}
-	h, ret := b.lib.DeviceGetHandleByIndex(i)
-	if ret != nvml.SUCCESS {
-		return fail(&callError{"get handle", ret})
+	id, err := b.identify(i)
+	d.UUID, d.Name = id.uuid, id.name
+	if err != nil {
+		return fail(err)
 	}
-	if d.UUID, ret = h.GetUUID(); ret != nvml.SUCCESS {
-		d.UUID = ""
-		return fail(&callError{"get uuid", ret})
-	}
+	h := id.h
 	mem, ret := h.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
 		return fail(&callError{"get memory info", ret})
 	}
 	d.MemoryTotalBytes, d.MemoryUsedBytes = mem.Total, mem.Used
-
-	name, ret := h.GetName()
-	if ok, err := b.optional(d.UUID, callName, ret); err != nil {
-		return fail(err)
-	} else if ok {
-		d.Name = name
-	}
 	util, windowed, ok, err := b.readUtilization(h, d.UUID)
 	if err != nil {
 		return fail(err)
@@ -544,15 +592,22 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs [
 		}
 	}
 	compute, ret := h.GetComputeRunningProcesses()
-	if ok, err := b.optional(uuid, callCompute, ret); err != nil {
+	computeOK, err := b.optional(uuid, callCompute, ret)
+	if err != nil {
 		return nil, err
-	} else if ok {
-		add(compute)
 	}
 	graphics, ret := h.GetGraphicsRunningProcesses()
-	if ok, err := b.optional(uuid, callGraphics, ret); err != nil {
+	graphicsOK, err := b.optional(uuid, callGraphics, ret)
+	if err != nil {
 		return nil, err
-	} else if ok {
+	}
+	// One allocation for the usual case, where the lists are all there is
+	// (growing by append cost five at 48 processes).
+	procs = make([]gpu.Process, 0, len(compute)+len(graphics))
+	if computeOK {
+		add(compute)
+	}
+	if graphicsOK {
 		add(graphics)
 	}
 	for _, m := range migProcs {

@@ -822,3 +822,64 @@ func BenchmarkSnapshot8x64(b *testing.B) {
 		}
 	}
 }
+
+// TestIdentityCachedPerSession: a GPU's handle, UUID and name do not
+// change while NVML stays initialized, so they are read once, not at every
+// scrape; a GPU that fails is looked up again, and a name that failed is
+// asked again.
+func TestIdentityCachedPerSession(t *testing.T) {
+	n := newNode(t)
+	g := n.gpus[3]
+	nameRet := nvml.ERROR_UNKNOWN
+	g.GetNameFunc = func() (string, nvml.Return) { return "NVIDIA A100", nameRet }
+	b := n.open(t)
+	handles := func() int {
+		c := 0
+		for _, call := range n.DeviceGetHandleByIndexCalls() {
+			if call.N == 3 {
+				c++
+			}
+		}
+		return c
+	}
+	baseHandles, baseUUID := handles(), len(g.GetUUIDCalls()) // the Xid registration's lookups
+
+	for range 3 {
+		snapshot(t, b)
+	}
+	if h, u := handles()-baseHandles, len(g.GetUUIDCalls())-baseUUID; h != 1 || u != 1 {
+		t.Errorf("3 readings: %d handle lookups, %d UUID reads of GPU 3; want 1 each", h, u)
+	}
+	if c := len(g.GetNameCalls()); c != 3 {
+		t.Errorf("a failing name was asked %d times in 3 readings, want 3", c)
+	}
+	nameRet = nvml.SUCCESS
+	for range 3 {
+		if d := snapshot(t, b).Devices[3]; d.Name != "NVIDIA A100" {
+			t.Errorf("name %q", d.Name)
+		}
+	}
+	if c := len(g.GetNameCalls()); c != 4 {
+		t.Errorf("name asked %d times in all, want 4 (once more once it answers)", c)
+	}
+
+	// A lost GPU is looked up again at the next reading.
+	lost := true
+	g.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		if lost {
+			return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST
+		}
+		return nvml.Memory{Total: 40 * gib}, nvml.SUCCESS
+	}
+	if s := snapshot(t, b); len(s.Failed) != 1 {
+		t.Fatalf("Failed = %v, want GPU 3", s.Failed)
+	}
+	lost = false
+	before := handles()
+	if s := snapshot(t, b); len(s.Failed) != 0 {
+		t.Fatalf("Failed = %v after the GPU came back", s.Failed)
+	}
+	if h := handles() - before; h != 1 {
+		t.Errorf("after a lost GPU: %d handle lookups, want 1", h)
+	}
+}
