@@ -23,7 +23,8 @@
 //   - with the guardrails JAX stays on the GPU and within its share, and a
 //     PyTorch neighbour lives beside it; without them the neighbour dies;
 //   - the CPU cost per scrape with 48 processes in 68 pods, next to
-//     node_exporter's in the same run.
+//     node_exporter's in the same run, and a CPU profile of the exporter
+//     under that load (exporter-cpu.pprof).
 //
 // It prints a table and keeps everything (logs, pod logs, scrapes, the
 // table) under -out, .cache/test-gpu/<time>/ by default.
@@ -214,7 +215,7 @@ func (e *env) startExporter(ctx context.Context, bin string) (func(), error) {
 		"--web.listen-address=127.0.0.1:"+strconv.Itoa(port),
 		"--kubelet.pod-resources-socket="+e.node.podResourcesSocket(),
 		"--pods.source=kubelet", "--kubelet.url="+e.node.kubeletURL(), "--kubelet.token-file=",
-		"--kubelet.pods-interval=1s", "--path.pod-logs="+e.node.podLogs, "--node-name="+nodeName)
+		"--kubelet.pods-interval=1s", "--path.pod-logs="+e.node.podLogs, "--node-name="+nodeName, "--web.enable-pprof")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -630,6 +631,51 @@ func (e *env) checkCost(ctx context.Context) []row {
 		us, them = us+a/4, them+b/4
 	}
 	ratio := us / them
+	profRow := e.profileScrapes(ctx)
 	return []row{attrRow, {name, map[bool]status{true: pass, false: fail}[ratio < 0.8],
-		fmt.Sprintf("gpuslice %.2f ms CPU, node_exporter %.2f ms: %.2fx (want < 0.8x)", us, them, ratio)}}
+		fmt.Sprintf("gpuslice %.2f ms CPU, node_exporter %.2f ms: %.2fx (want < 0.8x)", us, them, ratio)}, profRow}
+}
+
+// profileScrapes takes a CPU profile of the exporter while it is scraped
+// without pause for 15 s, kept as exporter-cpu.pprof (go tool pprof -top
+// bin/gpuslice-exporter exporter-cpu.pprof): where a scrape's CPU goes on
+// a real GPU, libnvidia-ml included.
+func (e *env) profileScrapes(ctx context.Context) row {
+	const name = "CPU profile of scrapes, 48 processes"
+	file := filepath.Join(e.o.out, "exporter-cpu.pprof")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.Get(e.exporter + "/debug/pprof/profile?seconds=15")
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: %s", resp.Status, firstLine(string(b)))
+		}
+		if err == nil {
+			err = os.WriteFile(file, b, 0o644)
+		}
+		done <- err
+	}()
+	scrapes := 0
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return row{name, fail, err.Error()}
+			}
+			return row{name, pass, fmt.Sprintf("%d scrapes in 15 s: %s", scrapes, file)}
+		case <-ctx.Done():
+			return row{name, fail, ctx.Err().Error()}
+		default:
+		}
+		if resp, err := http.Get(e.exporter + "/metrics"); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			scrapes++
+		}
+	}
 }
