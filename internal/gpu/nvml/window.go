@@ -194,10 +194,11 @@ func timeWeighted[S any](samples []S, since uint64, stamp func(S) uint64, value 
 // for one busy pod alone, GPU 37–42. Each process's share is therefore the
 // time-weighted mean of its own samples, never divided by a count of
 // sample periods or of other processes' timestamps: the code before
-// counted the periods from the gaps between any two timestamps, and two
-// processes sampled a few hundred microseconds apart made the window 31
-// "periods" long, so two busy pods read 0.0135 and 0.0145 instead of about
-// 0.42 each. A listed process without a sample ran no kernel and reads 0.
+// took the shortest gap between any two timestamps as the sample period,
+// and two processes stamped a moment apart made the window that many
+// "periods" long (about 31 on the H200, where two busy pods read 0.0135
+// and 0.0145, 0.42/31, against pmon's 36-50 %). A listed process without a
+// sample ran no kernel and reads 0.
 func applyShares(procs []gpu.Process, samples []nvml.ProcessUtilizationSample, since uint64) (newest uint64) {
 	slices.SortFunc(samples, func(a, b nvml.ProcessUtilizationSample) int {
 		return cmp.Or(cmp.Compare(a.Pid, b.Pid), cmp.Compare(a.TimeStamp, b.TimeStamp))
