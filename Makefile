@@ -13,7 +13,7 @@ COMMANDS := exporter tuner plugin
 GOTEST_FLAGS ?= -count=1 -timeout 45m
 VERSION ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' deploy/helm/gpuslice/Chart.yaml)
 
-.PHONY: help build test test-deps unit bench bench-scrape demo lint fmt vet dashboards manifests test-bins image image-import image-docker clean
+.PHONY: help build test test-deps unit bench bench-scrape test-gpu demo lint fmt vet dashboards manifests test-bins image image-import image-docker clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -72,6 +72,9 @@ bench-scrape: build ## gpuslice-exporter's CPU and memory per scrape next to nod
 	@command -v $(NODE_EXPORTER) >/dev/null || { apt-get update -qq && apt-get install -y -qq prometheus-node-exporter >/dev/null; } || \
 		{ echo "bench-scrape: $(NODE_EXPORTER) is missing and apt-get could not install prometheus-node-exporter"; exit 1; }
 	$(GO) run ./test/bench/scrapecost -exporter $(BIN)/gpuslice-exporter -node-exporter $(NODE_EXPORTER) -scrapes $(SCRAPES) $(SCRAPE_FLAGS)
+
+test-gpu: ## on a machine with an NVIDIA GPU (root, cgroup v2, Python with PyTorch; JAX/CuPy optional): real processes in pod cgroups against the exporter and plugin; elsewhere says why it did not run
+	$(GO) run ./test/gpu $(TEST_GPU_FLAGS)
 
 lint: fmt vet ## gofmt and go vet
 

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strings"
@@ -48,6 +49,7 @@ type options struct {
 	oomMaxRead                     int64
 	oomInterval                    time.Duration
 	gpuFailureThreshold            int
+	pprof                          bool
 	draSlices                      bool
 	log                            logging.Flags
 }
@@ -82,6 +84,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Int64Var(&o.oomMaxRead, "oom.max-read-bytes", oom.DefaultMaxReadBytes, "Most bytes read from one log file per scan.")
 	fs.DurationVar(&o.oomInterval, "oom.scan-interval", exporter.DefaultOOMWatchInterval, "How often GPU containers' logs and terminations are read between scrapes (also at every pod change), so that no run of a crash loop is lost whatever the scrape interval.")
 	fs.IntVar(&o.gpuFailureThreshold, "healthz.gpu-failure-threshold", 3, "Collections in a row (scrapes, or /healthz probes when nothing scrapes) that read no GPU before /healthz fails and the kubelet restarts the exporter, which is what brings back NVML broken under a running container; 0 never fails. An exporter that never read a GPU stays healthy and logs what to fix.")
+	fs.BoolVar(&o.pprof, "web.enable-pprof", false, "Serve Go's profiles under /debug/pprof/ (CPU, heap), for profiling a scrape on a real node; off by default, as it shows the program's internals to whoever can reach the port.")
 	o.log.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -173,8 +176,20 @@ func run(ctx context.Context, args []string) error {
 		Registry:      reg,
 		Metrics:       exp.Handler(reg, log),
 		Logger:        log,
-		Extra:         map[string]http.Handler{"/healthz": exp.Healthz()},
+		Extra:         extraHandlers(exp, o.pprof),
 	})
+}
+
+// extraHandlers are the paths served beside the metrics: /healthz, and
+// Go's profiles when asked for, so that the cost of a scrape on a real GPU
+// (libnvidia-ml included) can be profiled where it is paid (make test-gpu).
+func extraHandlers(exp *exporter.Exporter, withPprof bool) map[string]http.Handler {
+	h := map[string]http.Handler{"/healthz": exp.Healthz()}
+	if withPprof {
+		h["/debug/pprof/"] = http.HandlerFunc(pprof.Index)
+		h["/debug/pprof/profile"] = http.HandlerFunc(pprof.Profile)
+	}
+	return h
 }
 
 // draSlices starts the ResourceSlice informer, or returns nil (and says

@@ -107,3 +107,16 @@ func TestBadInputIsNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestPprofOnlyWhenAsked: Go's profiles are served with --web.enable-pprof
+// only; they show the program's internals.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		h := extraHandlers(nil, on)
+		_, profile := h["/debug/pprof/profile"]
+		_, index := h["/debug/pprof/"]
+		if profile != on || index != on {
+			t.Errorf("--web.enable-pprof=%v: profile served %v, index %v", on, profile, index)
+		}
+	}
+}

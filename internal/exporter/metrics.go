@@ -23,7 +23,7 @@ var (
 	gpuMemUsed = gauge(ns+"_gpu_memory_used_bytes",
 		"Memory in use on the GPU, by any process.", gpuLabels)
 	gpuUtil = gauge(ns+"_gpu_utilization_ratio",
-		"Share of the last sample period during which a kernel ran on the GPU (0..1).", gpuLabels)
+		"Share of the time since the previous reading during which a kernel ran on the GPU (0..1); the driver's last sample period on a GPU that keeps no samples.", gpuLabels)
 	gpuTemp = gauge(ns+"_gpu_temperature_celsius",
 		"GPU core temperature.", gpuLabels)
 	gpuPower = gauge(ns+"_gpu_power_watts",
@@ -39,7 +39,7 @@ var (
 	containerMem = gauge(ns+"_container_gpu_memory_used_bytes",
 		"GPU memory used by the container's processes on this physical GPU, counted once however many replica IDs it holds.", containerLabels)
 	containerUtil = gauge(ns+"_container_gpu_utilization_ratio",
-		"Share of the GPU's SMs the container's processes kept busy in the last sample period (0..1).", containerLabels)
+		"Share of the GPU's SMs the container's processes kept busy since the previous reading, over the window of gpuslice_gpu_utilization_ratio (0..1); a GPU's containers add up to no more than it.", containerLabels)
 	containerProcs = gauge(ns+"_container_gpu_processes",
 		"Processes of the container with a context on the GPU.", containerLabels)
 	containerIdle = gauge(ns+"_container_gpu_idle_seconds",

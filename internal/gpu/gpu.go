@@ -19,9 +19,11 @@ type Process struct {
 	PID             int
 	UsedMemoryBytes uint64
 	// SMUtilization is the share of the GPU's SMs this process kept busy,
-	// 0..1, averaged over the time since the backend's previous reading of
-	// the GPU. A process the driver lists without any utilization sample in
-	// that time ran no kernel: 0, with HasSMUtilization set.
+	// 0..1, over the time since the backend's previous reading of the GPU
+	// (the window of Device.Utilization where the GPU keeps samples; the
+	// processes of one GPU then add up to no more than it). A process the
+	// driver lists without any utilization sample in that time ran no
+	// kernel: 0, with HasSMUtilization set.
 	// HasSMUtilization is false where no figure can be had: per-process
 	// utilization unsupported (MIG-enabled GPUs, old GPUs) or its call failed.
 	SMUtilization    float64
@@ -63,7 +65,10 @@ type Device struct {
 	Name             string
 	MemoryTotalBytes uint64
 	MemoryUsedBytes  uint64
-	// Utilization is the device's SM busy ratio, 0..1.
+	// Utilization is the device's SM busy ratio, 0..1: over the time since
+	// the backend's previous reading, as its processes' SMUtilization,
+	// where the GPU keeps utilization samples; otherwise over the driver's
+	// last sample period.
 	Utilization        float64
 	TemperatureCelsius float64
 	PowerWatts         float64

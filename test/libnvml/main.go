@@ -24,7 +24,10 @@
 //     graphics and MPS lists are empty; processes without smUtilization have
 //     no per-process utilization sample;
 //   - utilization and SM samples are whole percent, temperature whole
-//     degrees, power whole milliwatts, as NVML gives them;
+//     degrees, power whole milliwatts, as NVML gives them; per read, one
+//     sample per process with an smUtilization and one GPU_UTILIZATION
+//     sample (nvmlDeviceGetSamples), stamped at the read, as a real driver
+//     read every scrape gives them;
 //   - each Xid event of the file is delivered once per event set
 //     (XidCriticalError is the only event type supported);
 //   - MIG is not supported (as on an RTX A6000; a sim file's mig entries
@@ -613,6 +616,37 @@ func nvmlDeviceGetProcessUtilization(dev unsafe.Pointer, samples unsafe.Pointer,
 	}
 	*count = C.uint(len(s))
 	copy(unsafe.Slice((*nvml.ProcessUtilizationSample)(samples), len(s)), s)
+	return ret(nvml.SUCCESS)
+}
+
+// nvmlDeviceGetSamples gives GPU_UTILIZATION_SAMPLES only: one sample of
+// the file's utilization (unsigned int percent), stamped now, when that is
+// newer than lastSeen, ERROR_NOT_FOUND otherwise, as a driver answers a
+// reading within one of its sample periods; a GPU whose utilization the
+// file marks unsupported answers ERROR_NOT_SUPPORTED, and the other sample
+// types are not kept. A NULL buffer asks for the count, as NVML's does.
+//
+//export nvmlDeviceGetSamples
+func nvmlDeviceGetSamples(dev unsafe.Pointer, typ C.int, lastSeen C.ulonglong, valType *C.int, count *C.uint, samples unsafe.Pointer) C.int {
+	n, g, r := device(dev, true)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	if valType == nil || count == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	s, r := utilizationSamples(g.dev, nvml.SamplingType(typ), uint64(lastSeen), n.now())
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	*valType = C.int(nvml.VALUE_TYPE_UNSIGNED_INT)
+	if samples == nil {
+		*count = C.uint(len(s))
+		return ret(nvml.SUCCESS)
+	}
+	k := min(int(*count), len(s))
+	copy(unsafe.Slice((*nvml.Sample)(samples), k), s[:k])
+	*count = C.uint(k)
 	return ret(nvml.SUCCESS)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"sync"
@@ -124,6 +125,24 @@ func processSamples(d *gpu.Device, since uint64, now time.Time) []nvml.ProcessUt
 		out = append(out, nvml.ProcessUtilizationSample{Pid: uint32(p.PID), TimeStamp: ts, SmUtil: percent(p.SMUtilization)})
 	}
 	return out
+}
+
+// utilizationSamples are the samples of d of type typ newer than since,
+// stamped now: one GPU_UTILIZATION sample of the file's utilization. A GPU
+// whose utilization the file marks unsupported gives none
+// (ERROR_NOT_SUPPORTED), nor does any other type; no sample newer than
+// since is ERROR_NOT_FOUND.
+func utilizationSamples(d *gpu.Device, typ nvml.SamplingType, since uint64, now time.Time) ([]nvml.Sample, nvml.Return) {
+	if typ != nvml.GPU_UTILIZATION_SAMPLES || d.Missing.Has(gpu.ReadingUtilization) {
+		return nil, nvml.ERROR_NOT_SUPPORTED
+	}
+	ts := uint64(now.UnixMicro())
+	if ts <= since {
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	s := nvml.Sample{TimeStamp: ts}
+	binary.NativeEndian.PutUint32(s.SampleValue[:4], percent(d.Utilization))
+	return []nvml.Sample{s}, nvml.SUCCESS
 }
 
 // eventSet is an NVML event set: the GPUs registered on it (by UUID, with

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strings"
@@ -154,5 +155,24 @@ func TestBadFileNamesItInErrorText(t *testing.T) {
 	}
 	if got := errorText(nvml.ERROR_GPU_IS_LOST, n.fileErr()); got != "GPU is lost" {
 		t.Errorf("GPU_IS_LOST text = %q", got)
+	}
+}
+
+func TestUtilizationSamples(t *testing.T) {
+	now := time.UnixMicro(5_000_000)
+	d := &gpu.Device{Utilization: 0.42}
+	got, r := utilizationSamples(d, nvml.GPU_UTILIZATION_SAMPLES, 0, now)
+	if r != nvml.SUCCESS || len(got) != 1 || got[0].TimeStamp != 5_000_000 || binary.NativeEndian.Uint32(got[0].SampleValue[:4]) != 42 {
+		t.Errorf("samples = %+v, %v; want one of 42 %% at 5000000", got, r)
+	}
+	if _, r := utilizationSamples(d, nvml.GPU_UTILIZATION_SAMPLES, 5_000_000, now); r != nvml.ERROR_NOT_FOUND {
+		t.Errorf("no sample newer than lastSeen: %v, want ERROR_NOT_FOUND", r)
+	}
+	if _, r := utilizationSamples(d, nvml.TOTAL_POWER_SAMPLES, 0, now); r != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("power samples: %v, want ERROR_NOT_SUPPORTED", r)
+	}
+	d.Missing = gpu.ReadingUtilization
+	if _, r := utilizationSamples(d, nvml.GPU_UTILIZATION_SAMPLES, 0, now); r != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("utilization unsupported: %v, want ERROR_NOT_SUPPORTED", r)
 	}
 }

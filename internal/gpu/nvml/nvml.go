@@ -23,15 +23,18 @@
 // ERROR_GPU_NOT_FOUND, ERROR_RESET_REQUIRED, and the driver being unloaded
 // or replaced under the process): from any call it fails the GPU.
 //
-// Per-process SM utilization follows NVML's documented semantics for
-// nvmlDeviceGetProcessUtilization: one sample per process and sample period
-// in which the process had non-zero utilization, only samples newer than
-// the lastSeenTimeStamp passed in, and ERROR_NOT_FOUND when there are none.
-// So a listed process without a sample ran no kernel and reads 0 (with
-// HasSMUtilization set), and a reading averages every sample since the
-// previous reading over the periods in between (see averageSM) instead of
-// taking the newest point. Only a GPU that cannot give samples at all
-// (ERROR_NOT_SUPPORTED), or a failed call, leaves processes without one.
+// Utilization is read over one window per GPU, the time since the
+// previous reading (window.go): each process's SM share is the
+// time-weighted mean of its nvmlDeviceGetProcessUtilization samples newer
+// than the last timestamp seen, each sample's smUtil being already that
+// process's share of the GPU; the GPU's own utilization is the mean of its
+// GPU_UTILIZATION samples (nvmlDeviceGetSamples) over the same window,
+// falling back to nvmlDeviceGetUtilizationRates (NVML's last sample
+// period) where the driver keeps none; and the shares are scaled down to
+// add up to no more than that GPU figure. A listed process without a
+// sample ran no kernel and reads 0 (with HasSMUtilization set). Only a GPU
+// that cannot give process samples at all (ERROR_NOT_SUPPORTED), or a
+// failed call, leaves processes without a figure.
 //
 // NVML that breaks under a running process is initialized again: a reading
 // that cannot count the GPUs, or reads none of them, makes the next reading
@@ -61,7 +64,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -107,10 +109,15 @@ type Backend struct {
 
 	xids xidcount.Counts
 
-	// lastSeen is, per GPU UUID, the newest process-utilization sample
-	// timestamp read, so that each reading asks only for newer samples.
-	mu       sync.Mutex
-	lastSeen map[string]uint64
+	// windows holds, per GPU UUID, where the previous reading's samples
+	// ended, so that each reading asks only for newer samples.
+	mu      sync.Mutex
+	windows map[string]sampleWindow
+	// ids holds, per GPU index, what does not change while NVML stays
+	// initialized: the handle, UUID and name. Each is a call into
+	// libnvidia-ml at every scrape otherwise. Emptied by start (a new
+	// NVML session) and, for one GPU, when a call says it is gone.
+	ids map[int]identity
 	// failing holds the optional readings that failed at their last try
 	// and have been logged, so that a lasting failure is logged once.
 	failing map[reading]bool
@@ -118,9 +125,6 @@ type Backend struct {
 	// have been logged: what a GPU does not support it never will, so that
 	// is said once.
 	unsupported map[reading]bool
-	// period is, per GPU UUID, the shortest gap seen between two process
-	// utilization samples: the driver's sample period, estimated.
-	period map[string]uint64
 
 	// ready says NVML is initialized: until it is, no call but Init may be
 	// made (without libnvidia-ml any other call kills the process). ready
@@ -152,10 +156,10 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 	b := &Backend{
 		lib:         lib,
 		log:         opts.Logger,
-		lastSeen:    make(map[string]uint64),
+		windows:     make(map[string]sampleWindow),
+		ids:         make(map[int]identity),
 		failing:     make(map[reading]bool),
 		unsupported: make(map[reading]bool),
-		period:      make(map[string]uint64),
 		init:        newInitState(opts),
 	}
 	if b.log == nil {
@@ -183,6 +187,9 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 // reader. Callers hold life's write lock, or own b alone.
 func (b *Backend) start() {
 	b.ready = true
+	b.mu.Lock()
+	clear(b.ids) // handles of an earlier session mean nothing in this one
+	b.mu.Unlock()
 	if v, ret := b.lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		b.driverVersion = v
 	} else {
@@ -263,6 +270,7 @@ func (e *callError) Unwrap() error { return e.ret }
 const (
 	callName         = "get name"
 	callUtilization  = "get utilization"
+	callUtilSamples  = "get utilization samples"
 	callTemperature  = "get temperature"
 	callPower        = "get power usage"
 	callCompute      = "get compute processes"
@@ -346,36 +354,75 @@ func (b *Backend) answered(uuid, call string) {
 	}
 }
 
+// identity is what a GPU index names for the life of an NVML session.
+type identity struct {
+	h          nvml.Device
+	uuid, name string
+	// named: the name was read; a failed name is asked again next time.
+	named bool
+}
+
+// identify returns GPU i's handle, UUID and name, from the cache or from
+// NVML. The name is optional: ok is false only when the handle or the UUID
+// could not be had (err then says which), and the UUID is set when known.
+func (b *Backend) identify(i int) (id identity, err error) {
+	b.mu.Lock()
+	id, ok := b.ids[i]
+	b.mu.Unlock()
+	if ok && id.named {
+		return id, nil
+	}
+	if !ok {
+		var ret nvml.Return
+		if id.h, ret = b.lib.DeviceGetHandleByIndex(i); ret != nvml.SUCCESS {
+			return identity{}, &callError{"get handle", ret}
+		}
+		if id.uuid, ret = id.h.GetUUID(); ret != nvml.SUCCESS {
+			return identity{}, &callError{"get uuid", ret}
+		}
+	}
+	name, ret := id.h.GetName()
+	if ok, err := b.optional(id.uuid, callName, ret); err != nil {
+		return id, err
+	} else if ok {
+		id.name, id.named = name, true
+	}
+	b.mu.Lock()
+	b.ids[i] = id
+	b.mu.Unlock()
+	return id, nil
+}
+
+// forgetGPU drops GPU i's cached identity, so that the next reading looks
+// the GPU up again: after a GPU is lost, its handle may not come back.
+func (b *Backend) forgetGPU(i int) {
+	b.mu.Lock()
+	delete(b.ids, i)
+	b.mu.Unlock()
+}
+
 func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	d := gpu.Device{Index: i}
 	fail := func(err error) (gpu.Device, *gpu.DeviceError) {
+		b.forgetGPU(i)
 		return gpu.Device{}, &gpu.DeviceError{Index: i, UUID: d.UUID, Err: err}
 	}
-	h, ret := b.lib.DeviceGetHandleByIndex(i)
-	if ret != nvml.SUCCESS {
-		return fail(&callError{"get handle", ret})
+	id, err := b.identify(i)
+	d.UUID, d.Name = id.uuid, id.name
+	if err != nil {
+		return fail(err)
 	}
-	if d.UUID, ret = h.GetUUID(); ret != nvml.SUCCESS {
-		d.UUID = ""
-		return fail(&callError{"get uuid", ret})
-	}
+	h := id.h
 	mem, ret := h.GetMemoryInfo()
 	if ret != nvml.SUCCESS {
 		return fail(&callError{"get memory info", ret})
 	}
 	d.MemoryTotalBytes, d.MemoryUsedBytes = mem.Total, mem.Used
-
-	name, ret := h.GetName()
-	if ok, err := b.optional(d.UUID, callName, ret); err != nil {
+	util, windowed, ok, err := b.readUtilization(h, d.UUID)
+	if err != nil {
 		return fail(err)
 	} else if ok {
-		d.Name = name
-	}
-	util, ret := h.GetUtilizationRates()
-	if ok, err := b.optional(d.UUID, callUtilization, ret); err != nil {
-		return fail(err)
-	} else if ok {
-		d.Utilization = min(float64(util.Gpu)/100, 1)
+		d.Utilization = util
 	} else {
 		d.Missing |= gpu.ReadingUtilization
 	}
@@ -402,6 +449,9 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	procs, err := b.readProcesses(h, d.UUID, d.MIGEnabled, migProcs)
 	if err != nil {
 		return fail(err)
+	}
+	if windowed {
+		fitShares(procs, d.Utilization)
 	}
 	d.Processes = procs
 	return d, nil
@@ -513,7 +563,7 @@ const noInstance = ^uint32(0)
 // readProcesses merges the compute and graphics process lists (a process
 // with both kinds of context is listed in both, each time with its whole
 // memory, so it counts once with the larger figure) and adds each process's
-// SM utilization averaged since the previous reading. On a MIG-enabled GPU
+// SM share over the time since the previous reading (applyShares). On a MIG-enabled GPU
 // each process keeps the GPU and compute instance NVML lists it in, and
 // the lists of the MIG devices (migProcs) add the processes the GPU's own
 // list lacks and the instance of those it gives without one. Its error is
@@ -542,15 +592,22 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs [
 		}
 	}
 	compute, ret := h.GetComputeRunningProcesses()
-	if ok, err := b.optional(uuid, callCompute, ret); err != nil {
+	computeOK, err := b.optional(uuid, callCompute, ret)
+	if err != nil {
 		return nil, err
-	} else if ok {
-		add(compute)
 	}
 	graphics, ret := h.GetGraphicsRunningProcesses()
-	if ok, err := b.optional(uuid, callGraphics, ret); err != nil {
+	graphicsOK, err := b.optional(uuid, callGraphics, ret)
+	if err != nil {
 		return nil, err
-	} else if ok {
+	}
+	// One allocation for the usual case, where the lists are all there is
+	// (growing by append cost five at 48 processes).
+	procs = make([]gpu.Process, 0, len(compute)+len(graphics))
+	if computeOK {
+		add(compute)
+	}
+	if graphicsOK {
 		add(graphics)
 	}
 	for _, m := range migProcs {
@@ -575,9 +632,7 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs [
 	}
 	slices.SortFunc(procs, func(a, b gpu.Process) int { return cmp.Compare(a.PID, b.PID) })
 
-	b.mu.Lock()
-	since, period := b.lastSeen[uuid], b.period[uuid]
-	b.mu.Unlock()
+	since := b.window(uuid).procSeen
 	samples, ret := h.GetProcessUtilization(since)
 	// go-nvml returns ERROR_INSUFFICIENT_SIZE with no samples when NVML
 	// sized the sample buffer at zero: no samples, as ERROR_NOT_FOUND says.
@@ -592,87 +647,9 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs [
 	} else if !ok {
 		return procs, nil
 	}
-	avg := averageSM(samples, since, period)
-	b.mu.Lock()
-	b.lastSeen[uuid] = max(b.lastSeen[uuid], avg.newest)
-	if avg.period > 0 && (b.period[uuid] == 0 || avg.period < b.period[uuid]) {
-		b.period[uuid] = avg.period
-	}
-	b.mu.Unlock()
-	for j := range procs {
-		// NVML returns a sample only for a process "that had some non-zero
-		// utilization during the last sample period" and ERROR_NOT_FOUND
-		// when there is no sample since lastSeenTimeStamp (NVML API
-		// Reference, nvmlDeviceGetProcessUtilization): a listed process
-		// without a sample ran no kernel, which is 0, not unknown.
-		procs[j].SMUtilization = avg.byPID[procs[j].PID]
-		procs[j].HasSMUtilization = true
-	}
+	newest := applyShares(procs, samples, since)
+	b.updateWindow(uuid, func(w *sampleWindow) { w.procSeen = max(w.procSeen, newest) })
 	return procs, nil
-}
-
-// smAverage is what averageSM found in one reading's samples.
-type smAverage struct {
-	byPID  map[int]float64 // 0..1, over the reading's interval
-	newest uint64          // newest sample timestamp, the next lastSeen
-	period uint64          // shortest gap between two sample timestamps; 0 if none
-}
-
-// averageSM averages each process's SM samples over the sample periods
-// between since (the previous reading's newest timestamp, 0 for none) and
-// the newest sample, so a process busy for one period out of ten reads a
-// tenth of that period's figure, not the newest point.
-//
-// NVML gives one sample per process per sample period, and only for
-// periods in which the process was busy; periods in which no process ran
-// leave no sample at all. The number of periods in the interval is
-// therefore counted from the timestamps (microseconds, NVML's CPU
-// timestamps): the interval's length divided by the sample period, which
-// is the shortest gap between two distinct sample timestamps seen on this
-// GPU (knownPeriod, from earlier readings, or this one's). Without a
-// period (a single timestamp ever seen) each distinct timestamp is one
-// period. Samples not newer than since are skipped: a driver that returns
-// them again must not count them twice.
-func averageSM(samples []nvml.ProcessUtilizationSample, since, knownPeriod uint64) smAverage {
-	res := smAverage{byPID: map[int]float64{}, newest: since}
-	var stamps []uint64
-	sums := map[int]float64{}
-	for _, s := range samples {
-		if s.TimeStamp <= since {
-			continue
-		}
-		stamps = append(stamps, s.TimeStamp)
-		sums[int(s.Pid)] += float64(s.SmUtil) / 100
-		res.newest = max(res.newest, s.TimeStamp)
-	}
-	if len(stamps) == 0 {
-		return res
-	}
-	slices.Sort(stamps)
-	stamps = slices.Compact(stamps)
-	for i := 1; i < len(stamps); i++ {
-		if gap := stamps[i] - stamps[i-1]; res.period == 0 || gap < res.period {
-			res.period = gap
-		}
-	}
-	period := knownPeriod
-	if res.period > 0 && (period == 0 || res.period < period) {
-		period = res.period
-	}
-	periods := float64(len(stamps))
-	if period > 0 {
-		start := since
-		if start == 0 || start >= stamps[0] {
-			// No previous reading: the interval opens one period before
-			// the oldest sample, which covers that period.
-			start = stamps[0] - min(period, stamps[0])
-		}
-		periods = max(periods, math.Round(float64(res.newest-start)/float64(period)))
-	}
-	for pid, sum := range sums {
-		res.byPID[pid] = min(sum/periods, 1)
-	}
-	return res
 }
 
 // xidReader is one event set with its GPUs and the goroutine reading it.

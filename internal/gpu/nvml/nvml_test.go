@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -63,6 +62,11 @@ func newNode(t testing.TB) *node {
 		g.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
 		g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
 			return nil, nvml.ERROR_NOT_FOUND
+		}
+		// No utilization sample since the last reading: the GPU's figure
+		// is GetUtilizationRates's. Tests of the samples set their own.
+		g.GetSamplesFunc = func(nvml.SamplingType, uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
+			return nvml.VALUE_TYPE_UNSIGNED_INT, nil, nvml.ERROR_NOT_FOUND
 		}
 		g.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return nvml.EventTypeAll, nvml.SUCCESS }
 		g.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
@@ -147,10 +151,9 @@ func TestSnapshot(t *testing.T) {
 			{Pid: 100, UsedGpuMemory: gib},     // also compute, which has more
 		}, nvml.SUCCESS
 	}
-	// Samples come one per busy process and sample period (100 ms here),
-	// timestamped in microseconds. PID 100 was busy in two of the three
-	// periods, PID 300 in one; PID 200 and 400 in none, so NVML gives no
-	// sample for them.
+	// Samples are timestamped in microseconds; PID 100 has two since the
+	// start, 100 ms apart, PID 300 one; PID 200 and 400 ran no kernel, so
+	// NVML gives no sample for them.
 	g0.GetProcessUtilizationFunc = func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
 		if lastSeen >= 300_000 {
 			return nil, nvml.ERROR_NOT_FOUND
@@ -177,12 +180,12 @@ func TestSnapshot(t *testing.T) {
 		Utilization:        0,
 		TemperatureCelsius: 40,
 		PowerWatts:         100,
-		// Averages over the three periods up to the newest sample, not the
-		// newest point; a listed process without a sample ran no kernel.
+		// Each process's own samples, weighed by the time each stands
+		// for; a listed process without a sample ran no kernel.
 		Processes: []gpu.Process{
-			{PID: 100, UsedMemoryBytes: 3 * gib, SMUtilization: (0.20 + 0.35) / 3, HasSMUtilization: true},
+			{PID: 100, UsedMemoryBytes: 3 * gib, SMUtilization: (0.20 + 0.35) / 2, HasSMUtilization: true},
 			{PID: 200, UsedMemoryBytes: 0, HasSMUtilization: true},
-			{PID: 300, UsedMemoryBytes: 2 * gib, SMUtilization: 0.05 / 3, HasSMUtilization: true},
+			{PID: 300, UsedMemoryBytes: 2 * gib, SMUtilization: 0.05, HasSMUtilization: true},
 			{PID: 400, UsedMemoryBytes: gib / 2, HasSMUtilization: true},
 		},
 	}
@@ -374,6 +377,10 @@ var optionalReadings = []reading{
 	{"get utilization", func(g *dgxa100.Device, ret nvml.Return) {
 		g.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, ret }
 	}, func(d *gpu.Device) { d.Utilization, d.Missing = 0, d.Missing|gpu.ReadingUtilization }},
+	// Without its samples the GPU still reads GetUtilizationRates.
+	{"get utilization samples", func(g *dgxa100.Device, ret nvml.Return) {
+		g.GetSamplesFunc = func(nvml.SamplingType, uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) { return 0, nil, ret }
+	}, func(*gpu.Device) {}},
 	{"get temperature", func(g *dgxa100.Device, ret nvml.Return) {
 		g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, ret }
 	}, func(d *gpu.Device) { d.TemperatureCelsius, d.Missing = 0, d.Missing|gpu.ReadingTemperature }},
@@ -596,66 +603,6 @@ func TestProcessUtilizationWithoutSamples(t *testing.T) {
 	}
 }
 
-// TestProcessUtilizationAveragesSinceLastReading: each reading averages the
-// samples NVML kept since the previous one over the sample periods in
-// between, counting the periods in which no process ran (they leave no
-// sample), and never counts a sample twice.
-func TestProcessUtilizationAveragesSinceLastReading(t *testing.T) {
-	const ms = 1000 // NVML timestamps are in microseconds
-	type sample = nvml.ProcessUtilizationSample
-	readings := []struct {
-		name    string
-		samples []sample // what NVML returns for this reading
-		want    map[int]float64
-	}{
-		{"first reading: two periods, PID 1 busy in both, PID 2 in one",
-			[]sample{{Pid: 1, TimeStamp: 100 * ms, SmUtil: 40}, {Pid: 1, TimeStamp: 200 * ms, SmUtil: 60}, {Pid: 2, TimeStamp: 200 * ms, SmUtil: 30}},
-			map[int]float64{1: 0.5, 2: 0.15}},
-		{"one busy period out of ten since the last reading",
-			[]sample{{Pid: 2, TimeStamp: 1200 * ms, SmUtil: 80}},
-			map[int]float64{1: 0, 2: 0.08}},
-		{"the driver repeats an old sample: not counted again",
-			[]sample{{Pid: 2, TimeStamp: 1200 * ms, SmUtil: 80}, {Pid: 1, TimeStamp: 1300 * ms, SmUtil: 100}},
-			map[int]float64{1: 1, 2: 0}},
-		{"nothing since: both idle",
-			nil,
-			map[int]float64{1: 0, 2: 0}},
-	}
-	n := newNode(t)
-	g := n.gpus[1]
-	g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
-		return []nvml.ProcessInfo{{Pid: 1, UsedGpuMemory: gib}, {Pid: 2, UsedGpuMemory: gib}}, nvml.SUCCESS
-	}
-	var current []sample
-	g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
-		if len(current) == 0 {
-			return nil, nvml.ERROR_NOT_FOUND
-		}
-		return current, nvml.SUCCESS
-	}
-	b := n.open(t)
-	for _, r := range readings {
-		current = r.samples
-		got := map[int]float64{}
-		for _, p := range snapshot(t, b).Devices[1].Processes {
-			if !p.HasSMUtilization {
-				t.Errorf("%s: PID %d has no SM utilization", r.name, p.PID)
-			}
-			got[p.PID] = p.SMUtilization
-		}
-		if diff := cmp.Diff(r.want, got, approx); diff != "" {
-			t.Errorf("%s: SM utilization by PID (-want +got):\n%s", r.name, diff)
-		}
-	}
-	var since []uint64
-	for _, c := range g.GetProcessUtilizationCalls() {
-		since = append(since, c.V)
-	}
-	if want := []uint64{0, 200 * ms, 1200 * ms, 1300 * ms}; !slices.Equal(since, want) {
-		t.Errorf("lastSeen passed to NVML = %v, want %v", since, want)
-	}
-}
-
 func TestDeviceCountFails(t *testing.T) {
 	n := newNode(t)
 	b := n.open(t)
@@ -873,5 +820,66 @@ func BenchmarkSnapshot8x64(b *testing.B) {
 		if err != nil || len(s.Devices) != 8 || len(s.Devices[0].Processes) != 64 {
 			b.Fatal(fmt.Sprint(len(s.Devices), err))
 		}
+	}
+}
+
+// TestIdentityCachedPerSession: a GPU's handle, UUID and name do not
+// change while NVML stays initialized, so they are read once, not at every
+// scrape; a GPU that fails is looked up again, and a name that failed is
+// asked again.
+func TestIdentityCachedPerSession(t *testing.T) {
+	n := newNode(t)
+	g := n.gpus[3]
+	nameRet := nvml.ERROR_UNKNOWN
+	g.GetNameFunc = func() (string, nvml.Return) { return "NVIDIA A100", nameRet }
+	b := n.open(t)
+	handles := func() int {
+		c := 0
+		for _, call := range n.DeviceGetHandleByIndexCalls() {
+			if call.N == 3 {
+				c++
+			}
+		}
+		return c
+	}
+	baseHandles, baseUUID := handles(), len(g.GetUUIDCalls()) // the Xid registration's lookups
+
+	for range 3 {
+		snapshot(t, b)
+	}
+	if h, u := handles()-baseHandles, len(g.GetUUIDCalls())-baseUUID; h != 1 || u != 1 {
+		t.Errorf("3 readings: %d handle lookups, %d UUID reads of GPU 3; want 1 each", h, u)
+	}
+	if c := len(g.GetNameCalls()); c != 3 {
+		t.Errorf("a failing name was asked %d times in 3 readings, want 3", c)
+	}
+	nameRet = nvml.SUCCESS
+	for range 3 {
+		if d := snapshot(t, b).Devices[3]; d.Name != "NVIDIA A100" {
+			t.Errorf("name %q", d.Name)
+		}
+	}
+	if c := len(g.GetNameCalls()); c != 4 {
+		t.Errorf("name asked %d times in all, want 4 (once more once it answers)", c)
+	}
+
+	// A lost GPU is looked up again at the next reading.
+	lost := true
+	g.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+		if lost {
+			return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST
+		}
+		return nvml.Memory{Total: 40 * gib}, nvml.SUCCESS
+	}
+	if s := snapshot(t, b); len(s.Failed) != 1 {
+		t.Fatalf("Failed = %v, want GPU 3", s.Failed)
+	}
+	lost = false
+	before := handles()
+	if s := snapshot(t, b); len(s.Failed) != 0 {
+		t.Fatalf("Failed = %v after the GPU came back", s.Failed)
+	}
+	if h := handles() - before; h != 1 {
+		t.Errorf("after a lost GPU: %d handle lookups, want 1", h)
 	}
 }

@@ -1,0 +1,257 @@
+package nvmlbackend
+
+import (
+	"cmp"
+	"encoding/binary"
+	"math"
+	"slices"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuslice/gpuslice/internal/gpu"
+)
+
+// sampleWindow is, for one GPU, where the previous reading's samples
+// ended. Each reading asks NVML only for samples newer than these, so the
+// GPU's utilization and its processes' SM shares cover one window: the
+// time since the previous reading. Before, the GPU read NVML's last sample
+// period (nvmlDeviceGetUtilizationRates) while its processes read an
+// average since the last reading, and on a real H200 one busy pod read
+// 0.41 on a GPU that read 0.20 in the same scrape.
+type sampleWindow struct {
+	// procSeen is the newest process-utilization sample timestamp read
+	// (NVML's CPU timestamps, microseconds).
+	procSeen uint64
+	// utilSeen is the newest GPU_UTILIZATION_SAMPLES timestamp read.
+	utilSeen uint64
+	// noUtilSamples: the GPU answered ERROR_NOT_SUPPORTED to
+	// nvmlDeviceGetSamples; it never will, so it is not asked again.
+	noUtilSamples bool
+}
+
+// window returns a copy of the sample window of GPU uuid.
+func (b *Backend) window(uuid string) sampleWindow {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.windows[uuid]
+}
+
+// updateWindow changes the sample window of GPU uuid under the lock.
+func (b *Backend) updateWindow(uuid string, f func(w *sampleWindow)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	w := b.windows[uuid]
+	f(&w)
+	b.windows[uuid] = w
+}
+
+// readUtilization reads the GPU's utilization, 0..1. windowed is true
+// when it is the time-weighted mean of the driver's GPU_UTILIZATION
+// samples since the previous reading (nvmlDeviceGetSamples), the window of
+// the processes' SM shares; otherwise it is NVML's last sample period
+// (nvmlDeviceGetUtilizationRates): on a GPU without samples, or when no
+// sample is newer than the previous reading (two readings within one
+// sample period). ok is false when neither gave a figure; the error is a
+// GPU that is gone.
+func (b *Backend) readUtilization(h nvml.Device, uuid string) (util float64, windowed, ok bool, err error) {
+	w := b.window(uuid)
+	if !w.noUtilSamples {
+		vt, samples, ret := h.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, w.utilSeen)
+		switch {
+		case ret == nvml.SUCCESS:
+			b.answered(uuid, callUtilSamples)
+			if mean, newest, found := meanGPUSamples(vt, samples, w.utilSeen); found {
+				b.updateWindow(uuid, func(w *sampleWindow) { w.utilSeen = max(w.utilSeen, newest) })
+				return mean, true, true, nil
+			}
+		case ret == nvml.ERROR_NOT_FOUND:
+			// No sample since the previous reading: the GPU keeps one
+			// per sample period, so this reading came within one.
+			b.answered(uuid, callUtilSamples)
+		case gpuGone(ret):
+			return 0, false, false, &callError{callUtilSamples, ret}
+		case ret == nvml.ERROR_NOT_SUPPORTED:
+			b.updateWindow(uuid, func(w *sampleWindow) { w.noUtilSamples = true })
+			b.log.Info("nvml: GPU keeps no utilization samples; its utilization is NVML's last sample period, not the window of its processes", "uuid", uuid)
+		default:
+			b.fellBack(uuid, callUtilSamples, ret)
+		}
+	}
+	rates, ret := h.GetUtilizationRates()
+	if ok, err := b.optional(uuid, callUtilization, ret); !ok {
+		return 0, false, false, err
+	}
+	return min(float64(rates.Gpu)/100, 1), false, true, nil
+}
+
+// fellBack logs, once until it answers again, a reading that failed and
+// was replaced by another.
+func (b *Backend) fellBack(uuid, call string, ret nvml.Return) {
+	k := reading{uuid, call}
+	b.mu.Lock()
+	logged := b.failing[k]
+	b.failing[k] = true
+	b.mu.Unlock()
+	if !logged {
+		b.log.Warn("nvml: GPU reading failed; using NVML's last sample period instead until it answers", "uuid", uuid, "reading", call, "error", ret.Error())
+	}
+}
+
+// meanGPUSamples is the time-weighted mean of the GPU_UTILIZATION samples
+// newer than since, as a ratio, and the newest timestamp. found is false
+// when no sample is newer than since or their values cannot be read.
+// go-nvml does not shorten the slice to the count NVML wrote, so unwritten
+// entries (timestamp 0) are there too; they are never newer than since.
+func meanGPUSamples(vt nvml.ValueType, samples []nvml.Sample, since uint64) (mean float64, newest uint64, found bool) {
+	if _, ok := sampleValue(vt, [8]byte{}); !ok {
+		return 0, 0, false
+	}
+	slices.SortFunc(samples, func(a, b nvml.Sample) int { return cmp.Compare(a.TimeStamp, b.TimeStamp) })
+	// Percents until the end: a single sample then reads exactly as
+	// GetUtilizationRates would give it (42 → 0.42, not 0.42000000000000004).
+	mean, newest, found = timeWeighted(samples, since,
+		func(s nvml.Sample) uint64 { return s.TimeStamp },
+		func(s nvml.Sample) float64 { v, _ := sampleValue(vt, s.SampleValue); return v })
+	return min(max(mean/100, 0), 1), newest, found
+}
+
+// sampleValue reads an nvmlValue_t union of type vt (host byte order, as
+// the C library wrote it). ok is false for a type it does not know.
+func sampleValue(vt nvml.ValueType, v [8]byte) (float64, bool) {
+	e := binary.NativeEndian
+	switch vt {
+	case nvml.VALUE_TYPE_DOUBLE:
+		return math.Float64frombits(e.Uint64(v[:])), true
+	case nvml.VALUE_TYPE_UNSIGNED_INT:
+		return float64(e.Uint32(v[:4])), true
+	case nvml.VALUE_TYPE_SIGNED_INT:
+		return float64(int32(e.Uint32(v[:4]))), true
+	case nvml.VALUE_TYPE_UNSIGNED_LONG, nvml.VALUE_TYPE_UNSIGNED_LONG_LONG:
+		return float64(e.Uint64(v[:])), true
+	case nvml.VALUE_TYPE_SIGNED_LONG_LONG:
+		return float64(int64(e.Uint64(v[:]))), true
+	case nvml.VALUE_TYPE_UNSIGNED_SHORT:
+		return float64(e.Uint16(v[:2])), true
+	}
+	return 0, false
+}
+
+// timeWeighted is the mean of the values of samples (sorted by timestamp)
+// newer than since, each weighted by the time it stands for: from the
+// sample before it, or from since for the first, to its own timestamp.
+// Without since (the first reading) the first sample stands for as long as
+// the gap after it, or, alone, for itself. newest is the newest timestamp;
+// found is false when no sample is newer than since.
+func timeWeighted[S any](samples []S, since uint64, stamp func(S) uint64, value func(S) float64) (mean float64, newest uint64, found bool) {
+	i, _ := slices.BinarySearchFunc(samples, since, func(s S, t uint64) int {
+		if stamp(s) <= t {
+			return -1
+		}
+		return 1
+	})
+	samples = samples[i:]
+	if len(samples) == 0 {
+		return 0, since, false
+	}
+	prev := since
+	if prev == 0 {
+		first := stamp(samples[0])
+		prev = first
+		if len(samples) > 1 {
+			prev -= min(stamp(samples[1])-first, first)
+		}
+	}
+	var sum, weights, plain float64
+	for _, s := range samples {
+		t, v := stamp(s), value(s)
+		w := float64(t - prev)
+		sum += w * v
+		weights += w
+		plain += v
+		prev = t
+	}
+	newest = stamp(samples[len(samples)-1])
+	if weights == 0 {
+		// All at one timestamp: no time to weigh by.
+		return plain / float64(len(samples)), newest, true
+	}
+	return sum / weights, newest, true
+}
+
+// applyShares sets each process's SM share from NVML's process samples
+// newer than since and returns the newest sample timestamp (since if
+// none). procs are sorted by PID; samples are sorted here.
+//
+// What NVML gives (NVML API Reference, nvmlDeviceGetProcessUtilization
+// and nvmlProcessUtilizationSample_t): samples newer than
+// lastSeenTimeStamp, each with a PID, a CPU timestamp in microseconds and
+// smUtil, the share of the GPU's SMs that process kept busy, in percent;
+// none for a process that ran no kernel, and ERROR_NOT_FOUND when there is
+// no sample at all. On an H200 with driver 580, read every 2 s with the
+// last timestamp seen, it gave one sample per process per read, smUtil
+// already that process's own share: 53 and 32 for two busy time-sliced
+// pods while the GPU's own samples of the same 2 s averaged 84–88; 37–43
+// for one busy pod alone, GPU 37–42. Each process's share is therefore the
+// time-weighted mean of its own samples, never divided by a count of
+// sample periods or of other processes' timestamps: the code before
+// took the shortest gap between any two timestamps as the sample period,
+// and two processes stamped a moment apart made the window that many
+// "periods" long (about 31 on the H200, where two busy pods read 0.0135
+// and 0.0145, 0.42/31, against pmon's 36-50 %). A listed process without a
+// sample ran no kernel and reads 0.
+func applyShares(procs []gpu.Process, samples []nvml.ProcessUtilizationSample, since uint64) (newest uint64) {
+	slices.SortFunc(samples, func(a, b nvml.ProcessUtilizationSample) int {
+		return cmp.Or(cmp.Compare(a.Pid, b.Pid), cmp.Compare(a.TimeStamp, b.TimeStamp))
+	})
+	for j := range procs {
+		procs[j].SMUtilization, procs[j].HasSMUtilization = 0, true
+	}
+	newest = since
+	j := 0
+	for i := 0; i < len(samples); {
+		pid := samples[i].Pid
+		k := i + 1
+		for k < len(samples) && samples[k].Pid == pid {
+			k++
+		}
+		share, last, found := timeWeighted(samples[i:k], since,
+			func(s nvml.ProcessUtilizationSample) uint64 { return s.TimeStamp },
+			func(s nvml.ProcessUtilizationSample) float64 { return float64(s.SmUtil) })
+		i = k
+		if !found {
+			continue
+		}
+		// Samples of processes that exited since still move the window.
+		newest = max(newest, last)
+		for j < len(procs) && procs[j].PID < int(pid) {
+			j++
+		}
+		if j < len(procs) && procs[j].PID == int(pid) {
+			procs[j].SMUtilization = min(share/100, 1)
+		}
+	}
+	return newest
+}
+
+// fitShares scales the processes' SM shares down so that they add up to no
+// more than util, the GPU's utilization over the same window. The two come
+// from different counters of the driver and may disagree by a point or
+// two (53 + 32 against 84 on the H200); a GPU cannot be busier for its
+// processes than for itself, and the energy split and every dashboard
+// that subtracts the containers from the GPU rely on the whole covering
+// its parts.
+func fitShares(procs []gpu.Process, util float64) {
+	sum := 0.0
+	for _, p := range procs {
+		if p.HasSMUtilization {
+			sum += p.SMUtilization
+		}
+	}
+	if sum <= util || sum == 0 {
+		return
+	}
+	scale := util / sum
+	for j := range procs {
+		procs[j].SMUtilization *= scale
+	}
+}

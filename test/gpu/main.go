@@ -1,0 +1,681 @@
+// Command test-gpu checks gpuslice on a real NVIDIA GPU, end to end (`make
+// test-gpu`; not part of `make test`). It needs root on a cgroup v2 machine
+// with an NVIDIA GPU, its driver (nvidia-smi) and Python with PyTorch; JAX
+// and CuPy add their checks where installed. Elsewhere it prints one line
+// saying why it did not run and exits 0.
+//
+// It builds gpuslice-exporter and gpuslice-plugin, then plays the kubelet
+// for real framework processes (workload.py): each pod's process runs in the
+// cgroup the systemd driver gives a containerd container
+// (kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod<uid>.slice/cri-containerd-<id>.scope),
+// its output is written as the pod's CRI log, PodResources and /pods
+// describe the pods, each holding one replica ID of the GPU. The exporter
+// runs with --gpu.backend=nvml against them, and the checks are:
+//
+//   - gpuslice-plugin finds the GPUs and answers an allocation (its env is
+//     the guardrails env the JAX checks use, so the names are the plugin's);
+//   - /healthz answers 200;
+//   - memory per container equals NVML's process list (nvidia-smi
+//     --query-compute-apps), a host process is unattributed;
+//   - SM shares with one, two and four busy pods follow nvidia-smi pmon's
+//     within 10 points and add up to no more than the GPU's utilization;
+//   - an OOM of PyTorch, JAX and CuPy is counted once each;
+//   - with the guardrails JAX stays on the GPU and within its share, and a
+//     PyTorch neighbour lives beside it; without them the neighbour dies;
+//   - the CPU cost per scrape with 48 processes in 68 pods, next to
+//     node_exporter's in the same run, and a CPU profile of the exporter
+//     under that load (exporter-cpu.pprof).
+//
+// It prints a table and keeps everything (logs, pod logs, scrapes, the
+// table) under -out, .cache/test-gpu/<time>/ by default.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	out, python, nodeExporter string
+	scrapes                   int
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.out, "out", filepath.Join(".cache", "test-gpu", time.Now().UTC().Format("20060102T150405Z")), "Folder for logs, scrapes and the table.")
+	flag.StringVar(&o.python, "python", "python3", "Python with PyTorch (JAX and CuPy optional).")
+	flag.StringVar(&o.nodeExporter, "node-exporter", "prometheus-node-exporter", "node_exporter binary for the cost comparison; skipped when missing.")
+	flag.IntVar(&o.scrapes, "scrapes", 200, "Scrapes of each exporter in the cost check.")
+	flag.Parse()
+	if reason := cannotRun(o.python); reason != "" {
+		fmt.Println("test-gpu: NOT RUN (nothing was tested): " + reason)
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rows, err := run(ctx, o)
+	if err != nil {
+		rows = append(rows, row{"test-gpu", fail, err.Error()})
+	}
+	var table bytes.Buffer
+	renderTable(&table, rows)
+	fmt.Print(table.String())
+	_ = os.WriteFile(filepath.Join(o.out, "table.txt"), table.Bytes(), 0o644)
+	fmt.Println("logs:", o.out)
+	for _, r := range rows {
+		if r.Status == fail {
+			os.Exit(1)
+		}
+	}
+}
+
+// cannotRun says why this machine cannot run the test, or "".
+func cannotRun(python string) string {
+	if _, err := exec.LookPath("nvidia-smi"); err != nil {
+		return "no nvidia-smi on PATH (no NVIDIA driver here)"
+	}
+	if out, err := exec.Command("nvidia-smi", "-L").CombinedOutput(); err != nil || !bytes.Contains(out, []byte("GPU ")) {
+		return "nvidia-smi lists no GPU: " + firstLine(string(out))
+	}
+	if os.Geteuid() != 0 {
+		return "not root: pod cgroups under /sys/fs/cgroup cannot be made"
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err != nil {
+		return "/sys/fs/cgroup is not cgroup v2"
+	}
+	if out, err := exec.Command(python, "-c", "import torch; assert torch.cuda.is_available()").CombinedOutput(); err != nil {
+		return python + " has no PyTorch with CUDA: " + lastLine(string(out))
+	}
+	return ""
+}
+
+func firstLine(s string) string { return strings.SplitN(strings.TrimSpace(s), "\n", 2)[0] }
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// hasModule reports whether python can import mod.
+func hasModule(python, mod string) bool {
+	return exec.Command(python, "-c", "import "+mod).Run() == nil
+}
+
+// env is what the checks share.
+type env struct {
+	o           options
+	node        *node
+	exporter    string // base URL
+	exporterPID int
+	uuid        string
+	totalMiB    uint64
+	scrapeN     int
+}
+
+func run(ctx context.Context, o options) ([]row, error) {
+	if err := os.MkdirAll(filepath.Join(o.out, "bin"), 0o755); err != nil {
+		return nil, err
+	}
+	var rows []row
+	add := func(r ...row) { rows = append(rows, r...) }
+	bin := filepath.Join(o.out, "bin")
+	for _, c := range []string{"exporter", "plugin"} {
+		build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, "gpuslice-"+c), "./cmd/"+c)
+		if out, err := build.CombinedOutput(); err != nil {
+			return rows, fmt.Errorf("build %s: %v\n%s", c, err, out)
+		}
+	}
+	workload, err := filepath.Abs(filepath.Join("test", "gpu", "workload.py"))
+	if err != nil {
+		return rows, err
+	}
+	out, err := exec.Command("nvidia-smi", "--query-gpu=uuid,memory.total", "--format=csv,noheader,nounits").Output()
+	if err != nil {
+		return rows, fmt.Errorf("nvidia-smi --query-gpu: %w", err)
+	}
+	f := strings.Split(firstLine(string(out)), ",")
+	e := &env{o: o, uuid: strings.TrimSpace(f[0])}
+	if len(f) > 1 {
+		e.totalMiB, _ = strconv.ParseUint(strings.TrimSpace(f[1]), 10, 64)
+	}
+	if e.node, err = startNode(ctx, o.out, e.uuid, o.python, workload); err != nil {
+		return rows, err
+	}
+	defer e.node.removePods()
+
+	// The plugin first: its allocation's env is the guardrails env.
+	plog, _ := os.Create(filepath.Join(o.out, "plugin.log"))
+	defer plog.Close()
+	pr, err := runPlugin(ctx, filepath.Join(bin, "gpuslice-plugin"), o.out, e.node.podResourcesSocket(), plog)
+	switch {
+	case err != nil:
+		add(row{"plugin finds the GPUs", fail, err.Error()})
+	case len(pr.Devices) == 0:
+		add(row{"plugin finds the GPUs", fail, "advertised no device"})
+	default:
+		add(row{"plugin finds the GPUs", pass, fmt.Sprintf("%d replica IDs advertised, allocation env %d variables", len(pr.Devices), len(pr.Env))})
+	}
+
+	stopExporter, err := e.startExporter(ctx, bin)
+	if err != nil {
+		return rows, err
+	}
+	defer stopExporter()
+	add(e.checkHealthz())
+	add(e.checkMemory(ctx)...)
+	for _, k := range []int{1, 2, 4} {
+		add(e.checkShares(ctx, k))
+	}
+	for _, fw := range []struct{ mod, mode string }{{"torch", "oom-torch"}, {"jax", "oom-jax"}, {"cupy", "oom-cupy"}} {
+		add(e.checkOOM(ctx, fw.mod, fw.mode))
+	}
+	if pr != nil && len(pr.Env) > 0 {
+		add(e.checkGuardrails(ctx, pr.Env)...)
+	} else {
+		add(row{"guardrails: JAX on the GPU at its share", skip, "no env from gpuslice-plugin"})
+	}
+	add(e.checkCost(ctx)...)
+	return rows, nil
+}
+
+// freePort returns a free TCP port on 127.0.0.1.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (e *env) startExporter(ctx context.Context, bin string) (func(), error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(e.o.out, "exporter.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "gpuslice-exporter"), "--gpu.backend=nvml",
+		"--web.listen-address=127.0.0.1:"+strconv.Itoa(port),
+		"--kubelet.pod-resources-socket="+e.node.podResourcesSocket(),
+		"--pods.source=kubelet", "--kubelet.url="+e.node.kubeletURL(), "--kubelet.token-file=",
+		"--kubelet.pods-interval=1s", "--path.pod-logs="+e.node.podLogs, "--node-name="+nodeName, "--web.enable-pprof")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	e.exporter, e.exporterPID = "http://127.0.0.1:"+strconv.Itoa(port), cmd.Process.Pid
+	stop := func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait(); logf.Close() }
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(e.exporter + "/healthz"); err == nil {
+			resp.Body.Close()
+			return stop, nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	stop()
+	return nil, fmt.Errorf("gpuslice-exporter did not answer within 30 s (log: %s)", logf.Name())
+}
+
+func (e *env) checkHealthz() row {
+	resp, err := http.Get(e.exporter + "/healthz")
+	if err != nil {
+		return row{"/healthz", fail, err.Error()}
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return row{"/healthz", fail, resp.Status}
+	}
+	return row{"/healthz", pass, "200"}
+}
+
+// scrape reads the exporter's metrics, keeping the text under scrapes/.
+func (e *env) scrape(label string) (map[string][]series, error) {
+	resp, err := http.Get(e.exporter + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	text, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	e.scrapeN++
+	dir := filepath.Join(e.o.out, "scrapes")
+	_ = os.MkdirAll(dir, 0o755)
+	_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%03d-%s.prom", e.scrapeN, label)), text, 0o644)
+	return parseMetrics(text)
+}
+
+// computeApps runs nvidia-smi --query-compute-apps.
+func computeApps() ([]computeApp, error) {
+	out, err := exec.Command("nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits").Output()
+	if err != nil {
+		return nil, err
+	}
+	return parseComputeApps(bytes.NewReader(out))
+}
+
+// waitApps waits until NVML lists every pid.
+func waitApps(ctx context.Context, pids []int, d time.Duration) (map[int]computeApp, error) {
+	deadline := time.Now().Add(d)
+	for {
+		apps, err := computeApps()
+		if err != nil {
+			return nil, err
+		}
+		byPID := map[int]computeApp{}
+		for _, a := range apps {
+			byPID[a.PID] = a
+		}
+		missing := 0
+		for _, p := range pids {
+			if _, ok := byPID[p]; !ok {
+				missing++
+			}
+		}
+		if missing == 0 {
+			return byPID, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("%d of %d processes not on the GPU after %s", missing, len(pids), d)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func podLabels(p *pod) map[string]string {
+	return map[string]string{"namespace": namespace, "pod": p.Name, "container": p.Container}
+}
+
+func (e *env) checkMemory(ctx context.Context) []row {
+	defer e.node.removePods()
+	a, errA := e.node.addPod("mem-a", nil, "hold-torch", "2", "300")
+	b, errB := e.node.addPod("mem-b", nil, "hold-torch", "1", "300")
+	host := exec.Command(e.o.python, e.node.workload, "hold-torch", "1", "300")
+	host.Stdout, host.Stderr = io.Discard, io.Discard
+	errH := host.Start()
+	if errH == nil {
+		defer func() { _ = host.Process.Kill(); _ = host.Wait() }()
+	}
+	for _, err := range []error{errA, errB, errH} {
+		if err != nil {
+			return []row{{"memory per container", fail, err.Error()}}
+		}
+	}
+	apps, err := waitApps(ctx, []int{a.pid(), b.pid(), host.Process.Pid}, 120*time.Second)
+	if err != nil {
+		return []row{{"memory per container", fail, err.Error()}}
+	}
+	var m map[string][]series
+	for range 2 { // the first scrape may predate the pods' listing
+		time.Sleep(2 * time.Second)
+		if m, err = e.scrape("memory"); err != nil {
+			return []row{{"memory per container", fail, err.Error()}}
+		}
+	}
+	const mib = 1 << 20
+	var details []string
+	st := pass
+	for _, p := range []*pod{a, b} {
+		got, ok := find(m, "gpuslice_container_gpu_memory_used_bytes", podLabels(p))
+		want := float64(apps[p.pid()].UsedMiB * mib)
+		if !ok || !within(got, want, mib) {
+			st = fail
+		}
+		details = append(details, fmt.Sprintf("%s %.0f MiB (nvidia-smi %.0f)", p.Name, got/mib, want/mib))
+	}
+	memRow := row{"memory per container vs nvidia-smi", st, strings.Join(details, ", ")}
+	un, _ := find(m, "gpuslice_unattributed_gpu_memory_used_bytes", map[string]string{"uuid": e.uuid})
+	hostMiB := float64(apps[host.Process.Pid].UsedMiB)
+	hostRow := row{"host process unattributed", pass, fmt.Sprintf("unattributed %.0f MiB, host process %.0f MiB", un/mib, hostMiB)}
+	if un < (hostMiB-1)*mib {
+		hostRow.Status = fail
+	}
+	return []row{memRow, hostRow}
+}
+
+// checkShares runs k busy pods and compares each container's SM share
+// over a window with pmon's over the same window.
+func (e *env) checkShares(ctx context.Context, k int) row {
+	defer e.node.removePods()
+	name := fmt.Sprintf("SM shares, %d busy pod(s), vs pmon", k)
+	var pods []*pod
+	var pids []int
+	for i := range k {
+		p, err := e.node.addPod(fmt.Sprintf("busy%d-%d", k, i), nil, "busy-torch", "90")
+		if err != nil {
+			return row{name, fail, err.Error()}
+		}
+		pods, pids = append(pods, p), append(pids, p.pid())
+	}
+	if _, err := waitApps(ctx, pids, 120*time.Second); err != nil {
+		return row{name, fail, err.Error()}
+	}
+	time.Sleep(10 * time.Second) // past the start-up, into the loop
+	if _, err := e.scrape(fmt.Sprintf("busy%d-open", k)); err != nil {
+		return row{name, fail, err.Error()}
+	}
+	out, err := exec.CommandContext(ctx, "nvidia-smi", "pmon", "-s", "u", "-d", "1", "-c", "15").Output()
+	_ = os.WriteFile(filepath.Join(e.o.out, fmt.Sprintf("pmon-%d.txt", k)), out, 0o644)
+	if err != nil {
+		return row{name, fail, "nvidia-smi pmon: " + err.Error()}
+	}
+	m, err := e.scrape(fmt.Sprintf("busy%d", k))
+	if err != nil {
+		return row{name, fail, err.Error()}
+	}
+	samples, err := parsePmon(bytes.NewReader(out))
+	if err != nil {
+		return row{name, fail, err.Error()}
+	}
+	pm := pmonMeans(samples)
+	st := pass
+	var details []string
+	total := 0.0
+	for _, p := range pods {
+		got, ok := find(m, "gpuslice_container_gpu_utilization_ratio", podLabels(p))
+		total += got
+		if !ok || !within(got, pm[p.pid()], 0.10) {
+			st = fail
+		}
+		details = append(details, fmt.Sprintf("%.2f/%.2f", got, pm[p.pid()]))
+	}
+	gpuUtil, _ := find(m, "gpuslice_gpu_utilization_ratio", map[string]string{"uuid": e.uuid})
+	if total > gpuUtil+0.01 {
+		st = fail
+	}
+	return row{name, st, fmt.Sprintf("exporter/pmon %s; containers %.2f ≤ GPU %.2f", strings.Join(details, " "), total, gpuUtil)}
+}
+
+// checkOOM runs a process that runs out of GPU memory and checks the
+// exporter counts it once.
+func (e *env) checkOOM(ctx context.Context, mod, mode string) row {
+	defer e.node.removePods()
+	name := "OOM counted once: " + mod
+	if !hasModule(e.o.python, mod) {
+		return row{name, skip, mod + " not installed"}
+	}
+	p, err := e.node.addPod("oom-"+mod, nil, mode)
+	if err != nil {
+		return row{name, fail, err.Error()}
+	}
+	if code := p.wait(180 * time.Second); code != 3 {
+		return row{name, fail, fmt.Sprintf("workload exit %d, want 3 (an OOM); log %s", code, p.logFile)}
+	}
+	var got float64
+	deadline := time.Now().Add(45 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		m, err := e.scrape("oom-" + mod)
+		if err != nil {
+			return row{name, fail, err.Error()}
+		}
+		got = sum(m, "gpuslice_gpu_oom_events_total", podLabels(p))
+		if got >= 1 {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	time.Sleep(5 * time.Second) // a second count would show by now
+	m, err := e.scrape("oom-" + mod + "-again")
+	if err != nil {
+		return row{name, fail, err.Error()}
+	}
+	again := sum(m, "gpuslice_gpu_oom_events_total", podLabels(p))
+	if got != 1 || again != 1 {
+		return row{name, fail, fmt.Sprintf("counted %.0f then %.0f, want 1", got, again)}
+	}
+	return row{name, pass, "1"}
+}
+
+// checkGuardrails runs JAX with the plugin's guardrails env: on the GPU,
+// refused above its share, and a PyTorch neighbour lives beside it; the
+// same neighbour dies beside JAX without the guardrails.
+func (e *env) checkGuardrails(ctx context.Context, guard map[string]string) []row {
+	if !hasModule(e.o.python, "jax") {
+		return []row{{"guardrails: JAX on the GPU at its share", skip, "jax not installed"}}
+	}
+	// Device selection stays the test's: the GPU is the one GPU.
+	genv := envList(guard, "NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+	totalGiB := float64(e.totalMiB) / 1024
+	var rows []row
+
+	func() {
+		defer e.node.removePods()
+		small, err := e.node.addPod("jax-small", genv, "jax-share", "1")
+		if err != nil {
+			rows = append(rows, row{"guardrails: JAX stays on the GPU", fail, err.Error()})
+			return
+		}
+		code := small.wait(180 * time.Second)
+		log, _ := os.ReadFile(small.logFile)
+		st := pass
+		if code != 0 || !bytes.Contains(log, []byte("platform gpu")) {
+			st = fail
+		}
+		rows = append(rows, row{"guardrails: JAX stays on the GPU", st, fmt.Sprintf("exit %d, env %s", code, strings.Join(genv, " "))})
+
+		big, err := e.node.addPod("jax-big", genv, "jax-share", strconv.FormatFloat(totalGiB*0.6, 'f', 1, 64))
+		if err != nil {
+			rows = append(rows, row{"guardrails: JAX held at its share", fail, err.Error()})
+			return
+		}
+		code = big.wait(180 * time.Second)
+		st = pass
+		if code != 3 {
+			st = fail
+		}
+		rows = append(rows, row{"guardrails: JAX held at its share", st, fmt.Sprintf("%.0f GiB (60%% of the card) exit %d, want 3 (refused)", totalGiB*0.6, code)})
+	}()
+
+	neighbour := func(withGuard bool) (int, error) {
+		defer e.node.removePods()
+		var jenv []string
+		if withGuard {
+			jenv = genv
+		}
+		j, err := e.node.addPod("jax-holder", jenv, "hold-jax", "1", "120")
+		if err != nil {
+			return 0, err
+		}
+		if err := waitLog(ctx, j.logFile, "holding", 120*time.Second); err != nil {
+			return 0, err
+		}
+		n, err := e.node.addPod("torch-neighbour", nil, "hold-torch", strconv.FormatFloat(totalGiB*0.4, 'f', 1, 64), "5")
+		if err != nil {
+			return 0, err
+		}
+		return n.wait(180 * time.Second), nil
+	}
+	if code, err := neighbour(true); err != nil {
+		rows = append(rows, row{"PyTorch neighbour lives beside JAX with guardrails", fail, err.Error()})
+	} else {
+		rows = append(rows, row{"PyTorch neighbour lives beside JAX with guardrails", map[bool]status{true: pass, false: fail}[code == 0],
+			fmt.Sprintf("%.0f GiB neighbour exit %d, want 0", totalGiB*0.4, code)})
+	}
+	if code, err := neighbour(false); err != nil {
+		rows = append(rows, row{"PyTorch neighbour dies beside JAX without", fail, err.Error()})
+	} else {
+		rows = append(rows, row{"PyTorch neighbour dies beside JAX without", map[bool]status{true: pass, false: fail}[code == 3],
+			fmt.Sprintf("exit %d, want 3 (OOM: JAX preallocated 75%%)", code)})
+	}
+	return rows
+}
+
+// waitLog waits until a pod's log holds text.
+func waitLog(ctx context.Context, file, text string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if b, err := os.ReadFile(file); err == nil && bytes.Contains(b, []byte(text)) {
+			return nil
+		}
+		time.Sleep(time.Second)
+	}
+	return fmt.Errorf("%q not in %s after %s", text, file, d)
+}
+
+// cpuTicks is a process's user+system CPU time in USER_HZ ticks (100/s).
+func cpuTicks(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseStatTicks(b)
+}
+
+// costPerScrape scrapes url n times and returns the CPU milliseconds pid
+// spent per scrape.
+func costPerScrape(url string, pid, n int) (float64, error) {
+	before, err := cpuTicks(pid)
+	if err != nil {
+		return 0, err
+	}
+	for range n {
+		resp, err := http.Get(url)
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, bufio.NewReader(resp.Body))
+		resp.Body.Close()
+	}
+	after, err := cpuTicks(pid)
+	if err != nil {
+		return 0, err
+	}
+	return float64(after-before) * 10 / float64(n), nil
+}
+
+// checkCost runs 48 processes in 68 pods and compares the exporter's CPU
+// per scrape with node_exporter's in the same run.
+func (e *env) checkCost(ctx context.Context) []row {
+	defer e.node.removePods()
+	name := "cost per scrape, 48 processes in 68 pods"
+	var pids []int
+	for i := range 68 {
+		var args []string
+		if i < 48 {
+			args = []string{"hold-torch", "0.25", "900"}
+		}
+		p, err := e.node.addPod(fmt.Sprintf("many-%02d", i), nil, args...)
+		if err != nil {
+			return []row{{name, fail, err.Error()}}
+		}
+		if len(args) > 0 {
+			pids = append(pids, p.pid())
+		}
+	}
+	if _, err := waitApps(ctx, pids, 300*time.Second); err != nil {
+		return []row{{name, fail, err.Error()}}
+	}
+	time.Sleep(3 * time.Second)
+	m, err := e.scrape("many")
+	if err != nil {
+		return []row{{name, fail, err.Error()}}
+	}
+	attributed := sum(m, "gpuslice_container_gpu_processes", map[string]string{"namespace": namespace})
+	attrRow := row{"48 processes all attributed", map[bool]status{true: pass, false: fail}[attributed == 48], fmt.Sprintf("%.0f", attributed)}
+
+	ours, err := costPerScrape(e.exporter+"/metrics", e.exporterPID, e.o.scrapes)
+	if err != nil {
+		return []row{attrRow, {name, fail, err.Error()}}
+	}
+	ne, err := exec.LookPath(e.o.nodeExporter)
+	if err != nil {
+		return []row{attrRow, {name, skip, fmt.Sprintf("gpuslice %.2f ms CPU; %s not installed", ours, e.o.nodeExporter)}}
+	}
+	port, err := freePort()
+	if err != nil {
+		return []row{attrRow, {name, fail, err.Error()}}
+	}
+	cmd := exec.CommandContext(ctx, ne, "--web.listen-address=127.0.0.1:"+strconv.Itoa(port))
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		return []row{attrRow, {name, fail, err.Error()}}
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	neURL := "http://127.0.0.1:" + strconv.Itoa(port) + "/metrics"
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if resp, err := http.Get(neURL); err == nil {
+			resp.Body.Close()
+			break
+		}
+	}
+	// Alternate in rounds, so the noise of the machine falls on both.
+	var us, them float64
+	for range 4 {
+		a, err := costPerScrape(e.exporter+"/metrics", e.exporterPID, e.o.scrapes/4)
+		if err != nil {
+			return []row{attrRow, {name, fail, err.Error()}}
+		}
+		b, err := costPerScrape(neURL, cmd.Process.Pid, e.o.scrapes/4)
+		if err != nil {
+			return []row{attrRow, {name, fail, err.Error()}}
+		}
+		us, them = us+a/4, them+b/4
+	}
+	ratio := us / them
+	profRow := e.profileScrapes(ctx)
+	return []row{attrRow, {name, map[bool]status{true: pass, false: fail}[ratio < 0.8],
+		fmt.Sprintf("gpuslice %.2f ms CPU, node_exporter %.2f ms: %.2fx (want < 0.8x)", us, them, ratio)}, profRow}
+}
+
+// profileScrapes takes a CPU profile of the exporter while it is scraped
+// without pause for 15 s, kept as exporter-cpu.pprof (go tool pprof -top
+// bin/gpuslice-exporter exporter-cpu.pprof): where a scrape's CPU goes on
+// a real GPU, libnvidia-ml included.
+func (e *env) profileScrapes(ctx context.Context) row {
+	const name = "CPU profile of scrapes, 48 processes"
+	file := filepath.Join(e.o.out, "exporter-cpu.pprof")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := http.Get(e.exporter + "/debug/pprof/profile?seconds=15")
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: %s", resp.Status, firstLine(string(b)))
+		}
+		if err == nil {
+			err = os.WriteFile(file, b, 0o644)
+		}
+		done <- err
+	}()
+	scrapes := 0
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return row{name, fail, err.Error()}
+			}
+			return row{name, pass, fmt.Sprintf("%d scrapes in 15 s: %s", scrapes, file)}
+		case <-ctx.Done():
+			return row{name, fail, ctx.Err().Error()}
+		default:
+		}
+		if resp, err := http.Get(e.exporter + "/metrics"); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			scrapes++
+		}
+	}
+}
