@@ -41,6 +41,10 @@ type Memory struct {
 	// distribution, not its largest member: one 40 GiB model must not
 	// price every small job at 40 GiB.
 	Sizes []uint64 `json:"sizes,omitempty"`
+	// Arrivals are when the last maxSizes containers were first seen here,
+	// oldest first: how often a pod comes, which is what a spare replica
+	// is worth.
+	Arrivals []time.Time `json:"arrivals,omitempty"`
 	// LastOOM is the node's latest GPU OOM that sharing caused: a change
 	// is not undone before it has settled unless an OOM came after it.
 	LastOOM time.Time `json:"lastOOM,omitzero"`
@@ -196,7 +200,7 @@ func (w WorkloadMemory) Known(cfg Config) bool { return w.Seen >= cfg.Window && 
 // under its own key: it still prices itself while it runs.
 func Remember(cfg Config, mem Memory, obs Observation) Memory {
 	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads), Base: mem.Base, Containers: maps.Clone(mem.Containers),
-		Sizes: slices.Clone(mem.Sizes), LastOOM: mem.LastOOM}
+		Sizes: slices.Clone(mem.Sizes), Arrivals: slices.Clone(mem.Arrivals), LastOOM: mem.LastOOM}
 	if out.Workloads == nil {
 		out.Workloads = map[string]WorkloadMemory{}
 	}
@@ -225,6 +229,7 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 				cm, ok := out.Containers[c]
 				if !ok {
 					cm.FirstSeen = s.Time
+					out.Arrivals = append(out.Arrivals, s.Time)
 				}
 				cm.LastSeen = later(cm.LastSeen, s.Time)
 				if p >= cm.PeakBytes {
@@ -304,6 +309,9 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 			}
 		}
 		delete(out.Containers, k)
+	}
+	if len(out.Arrivals) > maxSizes {
+		out.Arrivals = slices.Clone(out.Arrivals[len(out.Arrivals)-maxSizes:])
 	}
 	if len(out.Sizes) > maxSizes {
 		out.Sizes = slices.Clone(out.Sizes[len(out.Sizes)-maxSizes:])

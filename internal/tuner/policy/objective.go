@@ -51,16 +51,20 @@ func (s sizes) stranger() item {
 	return item{mean: p50, sd: max((p90-p50)/1.2816, strangerSpread*p50)}
 }
 
-// explorer is the price of a pod of a workload never seen: the largest job
-// running now (a pod younger than transientAge whose workload's pods do not
-// run longer): a pod never seen may be as large as anything that comes and
-// goes here (on the seed day a second fine-tune, a stranger, came while
-// the first ran). Services are left out: one 40 GiB model must not keep
-// every job of a workload never seen out of a card with 30 GiB free. With
-// no job running, the 90th percentile of everything seen but its largest
-// member. Uncertain by strangerSpread: a stranger is let in with a tenth
-// of its price to spare. Learning a workload is bounded: one pod of it at
-// a time; its siblings wait until it has shown its size (Learning).
+// explorer is the price of a pod of a workload never seen: at least the
+// largest job running now (a pod younger than transientAge whose workload's
+// pods do not run longer) and the largest pod that came and went here
+// lately (Memory.Sizes): a pod never seen may be as large as anything that
+// comes and goes here (on the seed day a second fine-tune, a stranger, came
+// after the first and grew to 20 GiB where 8 GiB jobs ran). Services are
+// not its measure: one 40 GiB model must not keep every job of a workload
+// never seen out of a card with 30 GiB free. A node that has seen no job
+// at all has nothing to price it with: it learns, letting one in at the
+// 90th percentile of what it has seen but its largest member, and at most
+// at half the memory left (two steady 10 GiB models on 24 GiB must not
+// keep every 2.5 GiB job out for ever). Learning a workload is bounded:
+// one pod of it at a time; its siblings wait until it has shown its size
+// (Learning).
 func (v gpuView) explorer() item {
 	var p float64
 	for c, peak := range v.peaks {
@@ -74,8 +78,20 @@ func (v gpuView) explorer() item {
 	}
 	if n := len(v.sizes.sorted); p == 0 && n > 0 {
 		p = sizes{v.sizes.sorted[:max(n-1, 1)]}.quantile(0.9)
+		if v.ok {
+			held, _ := v.latest.held()
+			p = min(p, max(v.total()-held, 0)/2)
+		}
 	}
 	return item{mean: p, sd: strangerSpread * p}
+}
+
+// total is the GPU's memory at the latest sample (0 when unknown).
+func (v gpuView) total() float64 {
+	if !v.ok {
+		return 0
+	}
+	return float64(v.latest.s.MemoryTotalBytes)
 }
 
 // demand is a waiting pod in a forecast.
@@ -127,7 +143,15 @@ func (v gpuView) queue(led ledger) []demand {
 		switch {
 		case w.Known(v.cfg):
 			m := float64(w.PeakBy(v.horizon(p)))
-			sd, _ := w.spread() // one pod seen: its record is the trajectory a repeat follows
+			sd, ok := w.spread() // one pod seen: its record is the trajectory a repeat follows
+			if ok {
+				// Pods of one workload differ: the next is one draw of
+				// their sizes, and the largest seen so far is not a bound
+				// (a burst's 30 jobs of 2.5-5 GiB, priced at the 5 GiB the
+				// largest showed, crash when a larger one comes).
+				m = max(w.MeanPeak, m-2*sd)
+				sd = max(sd, (float64(w.PeakBy(v.horizon(p)))-m)/2)
+			}
 			d.item, d.known = item{mean: m, sd: max(sd, settledSpread*m)}, true
 		case sibling && s == 0:
 			// Its first pod has shown nothing yet, or is let in now.
@@ -336,12 +360,17 @@ func (v gpuView) price(c *candidate) {
 	}
 }
 
-// arrivals counts the containers first seen in the last Window: how many
-// pods a spare replica may serve.
+// arrivalHorizon is how far back arrivals are counted, and how long a
+// spare replica is expected to stay: a spare serves every pod that comes
+// while it stands.
+const arrivalHorizon = time.Hour
+
+// arrivals is how many pods are expected to come in the next
+// arrivalHorizon: as many as came in the last one (Memory.Arrivals).
 func (v gpuView) arrivals() int {
 	n := 0
-	for _, c := range v.obs.Memory.Containers {
-		if v.now.Sub(c.FirstSeen) <= v.cfg.Window {
+	for _, t := range v.obs.Memory.Arrivals {
+		if v.now.Sub(t) <= arrivalHorizon {
 			n++
 		}
 	}

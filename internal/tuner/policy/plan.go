@@ -146,6 +146,21 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 		s := v.sizes.stranger()
 		return item{mean: max(float64(r), s.mean), sd: s.sd}
 	}
+	if age < v.cfg.Window {
+		// A pod still loading is on its way to its workload's size, not
+		// to what it shows now: each job of a burst ramps at its own pace,
+		// so the record's trajectory (PeakByAge, the fastest pod's) says
+		// nothing about this one's growth. Reserved at its workload's
+		// typical size (the mean of its pods that ended, else the largest
+		// its pods reached), uncertain by how much its pods differ.
+		typical, sd := float64(w.PeakBytes), settledSpread*float64(w.PeakBytes)
+		if spread, ok := w.spread(); ok {
+			typical, sd = w.MeanPeak, max(spread, settledSpread*w.MeanPeak)
+		}
+		if typical > float64(r) {
+			return item{mean: typical, sd: sd}
+		}
+	}
 	return item{mean: float64(r), sd: settledSpread * float64(r)}
 }
 

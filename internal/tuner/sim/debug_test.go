@@ -29,7 +29,7 @@ func (d tracer) Round(obs policy.Observation) (policy.Decision, policy.Memory) {
 	var q []string
 	for _, p := range obs.Pending {
 		w := mem.Workloads[p.Workload]
-		q = append(q, fmt.Sprintf("%s(%.1f GiB, known %v)", p.Workload, float64(w.PeakBytes)/float64(gib), w.Known(d.Config)))
+		q = append(q, fmt.Sprintf("%s(%.1f GiB, known %v, pods %d mean %.1f)", p.Workload, float64(w.PeakBytes)/float64(gib), w.Known(d.Config), w.Pods, w.MeanPeak/float64(gib)))
 	}
 	if len(q) > 6 {
 		q = append(q[:6], fmt.Sprintf("+%d", len(q)-6))
