@@ -96,6 +96,9 @@ type generator struct {
 	// anonymous leaves jobs without a workload key, as in the seed trace:
 	// every pod is a stranger to the workload memory.
 	anonymous bool
+	// jobs counts an anonymous trace's jobs per workload, to give each its
+	// own key.
+	jobs map[string]int
 	// days are the trace's days; workdays those with office hours.
 	days, workdays []time.Duration
 }
@@ -107,9 +110,13 @@ func (f *family) share(lo, hi float64) uint64 {
 
 // key is the workload key of a job of workload wl: wl itself, or, in an
 // anonymous trace, nothing the next job shares.
-func (g *generator) key(f *family, wl string) string {
+// (Counting in f.seq, as this did before, gave every job of wl the key
+// wl-1: f.seq counts pods by their key, never by wl, so the anonymous
+// traces were keyed after all.)
+func (g *generator) key(wl string) string {
 	if g.anonymous {
-		return fmt.Sprintf("%s-%d", wl, f.seq[wl]+1)
+		g.jobs[wl]++
+		return fmt.Sprintf("%s-%d", wl, g.jobs[wl])
 	}
 	return wl
 }
@@ -183,7 +190,7 @@ var archetypes = []archetype{
 			for i := range n {
 				k := ks[f.rng.IntN(len(ks))]
 				peak := f.share(k.lo, k.hi)
-				f.job(g.key(f, k.wl), d+hour+time.Duration(i)*gap, f.jitter(k.run, 0.3), peak/2, peak, time.Duration(10+f.rng.IntN(120))*time.Second)
+				f.job(g.key(k.wl), d+hour+time.Duration(i)*gap, f.jitter(k.run, 0.3), peak/2, peak, time.Duration(10+f.rng.IntN(120))*time.Second)
 			}
 		}
 	}},
@@ -193,7 +200,7 @@ var archetypes = []archetype{
 		for range 1 + f.rng.IntN(2) {
 			peak := f.share(0.2, 0.42)
 			at := time.Duration(f.rng.Int64N(int64(f.duration * 3 / 4))).Truncate(time.Minute)
-			f.job(g.key(f, "llm"), at, f.jitter(5*time.Hour, 0.6), peak*3/5, peak, time.Duration(2+f.rng.IntN(8))*time.Minute)
+			f.job(g.key("llm"), at, f.jitter(5*time.Hour, 0.6), peak*3/5, peak, time.Duration(2+f.rng.IntN(8))*time.Minute)
 		}
 	}},
 	{"office-stream", false, func(f *family, g *generator) {
@@ -216,7 +223,7 @@ var archetypes = []archetype{
 				k := f.rng.IntN(kinds)
 				lo := 0.02 + 0.04*float64(k)
 				peak := f.share(lo, lo*2)
-				f.job(g.key(f, fmt.Sprintf("stream%d-%d", base, k)), t, f.jitter(time.Duration(10+10*k)*time.Minute, 0.5),
+				f.job(g.key(fmt.Sprintf("stream%d-%d", base, k)), t, f.jitter(time.Duration(10+10*k)*time.Minute, 0.5),
 					peak*2/5, peak, time.Duration(1+f.rng.IntN(5))*time.Minute)
 			}
 		}
@@ -228,7 +235,7 @@ var archetypes = []archetype{
 		hour := time.Duration(f.rng.IntN(24)) * time.Hour
 		wl := fmt.Sprintf("daily%d", len(f.seq))
 		for _, d := range g.workdays {
-			f.job(g.key(f, wl), d+hour, f.jitter(2*time.Hour, 0.4), peak*3/5, peak, time.Duration(3+f.rng.IntN(8))*time.Minute)
+			f.job(g.key(wl), d+hour, f.jitter(2*time.Hour, 0.4), peak*3/5, peak, time.Duration(3+f.rng.IntN(8))*time.Minute)
 		}
 	}},
 	{"strangers", false, func(f *family, g *generator) {
@@ -287,7 +294,7 @@ var archetypes = []archetype{
 		for t := time.Duration(f.rng.IntN(60)) * time.Minute; t < f.duration; t += every {
 			for range n {
 				peak := f.share(lo, lo*1.3)
-				f.job(g.key(f, wl), t, f.jitter(run, 0.4), peak/2, peak, time.Duration(10+f.rng.IntN(50))*time.Second)
+				f.job(g.key(wl), t, f.jitter(run, 0.4), peak/2, peak, time.Duration(10+f.rng.IntN(50))*time.Second)
 			}
 		}
 	}},
@@ -326,7 +333,7 @@ var archetypes = []archetype{
 				peak := f.share(images[k].lo, images[k].hi)
 				at := d + 9*time.Hour + time.Duration(f.rng.IntN(3600))*time.Second
 				n := len(f.pods)
-				f.job(g.key(f, fmt.Sprintf("nb%d-%d", base, k)), at, f.jitter(90*time.Minute, 0.33), peak/4, peak, time.Duration(2+f.rng.IntN(10))*time.Minute)
+				f.job(g.key(fmt.Sprintf("nb%d-%d", base, k)), at, f.jitter(90*time.Minute, 0.33), peak/4, peak, time.Duration(2+f.rng.IntN(10))*time.Minute)
 				if keyless && len(f.pods) > n {
 					f.pods[n].keyless = true
 				}
@@ -344,7 +351,7 @@ var archetypes = []archetype{
 		}
 		for t := f.jitter(gap, 0.9); t < f.duration; t += f.jitter(gap, 0.9) {
 			peak := f.share(0.02, 0.25)
-			f.job(g.key(f, wl), t, f.jitter(30*time.Minute, 0.6), peak/2, peak, time.Duration(1+f.rng.IntN(5))*time.Minute)
+			f.job(g.key(wl), t, f.jitter(30*time.Minute, 0.6), peak/2, peak, time.Duration(1+f.rng.IntN(5))*time.Minute)
 		}
 	}},
 }
@@ -373,7 +380,7 @@ func generated(seed uint64) *family {
 	duration := []time.Duration{12 * time.Hour, 24 * time.Hour, 24 * time.Hour, 24 * time.Hour, 48 * time.Hour, 7 * 24 * time.Hour}[rng.IntN(6)]
 	f := newFamily(fmt.Sprintf("gen-%d", seed), "", total, 1+rng.IntN(6), duration, seed)
 	classic := seed <= classicSeeds
-	g := &generator{}
+	g := &generator{jobs: map[string]int{}}
 	if classic {
 		g.anonymous = rng.IntN(5) == 0
 	} else {
@@ -437,21 +444,25 @@ var knownMisses = map[uint64]missKind{
 	14: missWait,
 	15: missLearning,
 	22: missStranger,
-	23: missLearning,
+	23: missStranger,
 	31: missWait,
-	32: missWait,
+	32: missStranger,
 	34: missCrashLoop,
 	35: missRound,
-	37: missRound,
+	37: missStranger,
+	38: missStranger,
 	40: missStranger,
 	41: missRound,
+	42: missCrashLoop,
 	43: missRound,
 	44: missWait,
-	45: missLearning,
+	45: missStranger,
 	46: missWait,
-	49: missWait,
+	48: missStranger,
+	49: missStranger,
 	50: missWait,
 	51: missRound,
+	52: missStranger,
 	55: missWait,
 	58: missWait,
 }
