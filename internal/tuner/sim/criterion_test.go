@@ -130,6 +130,12 @@ func judge(t *testing.T, tr *Trace) verdict {
 	for n := 1; n <= 16; n++ {
 		v.static[n] = mustRun(t, tr, Static{Replicas: n})
 	}
+	v.check(tr)
+	return v
+}
+
+// check finds v's misses from its replays of tr (judge).
+func (v *verdict) check(tr *Trace) {
 	got := v.tuner
 	if got.RaiseOOMEvents > 0 {
 		v.add(missRaiseOOM, "%d of the tuner's %d OOM events came after a raise let more pods in", got.RaiseOOMEvents, got.OOMEvents)
@@ -163,7 +169,6 @@ func judge(t *testing.T, tr *Trace) verdict {
 		v.add(v.classify(tr, b), "static:%s dominate(s) the tuner; static:%d: %d OOM events and %.0f pod-s pending against %d and %.0f (%.0f in the first window)",
 			strings.Join(ns, ","), b, v.static[b].OOMEvents, v.static[b].PodSecondsPending, got.OOMEvents, got.PodSecondsPending, got.PodSecondsPendingWarmup)
 	}
-	return v
 }
 
 func (v *verdict) add(k missKind, format string, args ...any) {
