@@ -30,8 +30,12 @@ type familyPod struct {
 	arrive, run    time.Duration
 	memory         [][2]uint64 // [offset in seconds, bytes]
 	// resident marks a service's pod (generate_test.go bounds what they
-	// hold together).
-	resident bool
+	// hold together); reserved a pod that takes a fixed share of the card,
+	// which that bound leaves alone and shrinks the others' room by.
+	resident, reserved bool
+	// keyless leaves the workload key out of the trace, as a pod with no
+	// controller has none: the pod is its own workload.
+	keyless bool
 }
 
 // family builds one trace. Every random choice comes from its own seeded
@@ -95,7 +99,11 @@ func (f *family) yaml() []byte {
 	pods := slices.Clone(f.pods)
 	slices.SortStableFunc(pods, func(a, b familyPod) int { return int(a.arrive - b.arrive) })
 	for _, p := range pods {
-		fmt.Fprintf(&b, "  - name: %s\n    workload: %s\n    arrive: %s\n    run: %s\n    memory: [", p.name, p.workload, dur(p.arrive), dur(p.run))
+		fmt.Fprintf(&b, "  - name: %s\n", p.name)
+		if !p.keyless {
+			fmt.Fprintf(&b, "    workload: %s\n", p.workload)
+		}
+		fmt.Fprintf(&b, "    arrive: %s\n    run: %s\n    memory: [", dur(p.arrive), dur(p.run))
 		for i, m := range p.memory {
 			if i > 0 {
 				b.WriteString(", ")
