@@ -12,6 +12,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/internal/gpu/gputest"
+	"github.com/gpuslice/gpuslice/internal/mps"
 )
 
 func mpsConfig(replicas int, extra ...string) string {
@@ -23,12 +24,12 @@ func mpsConfig(replicas int, extra ...string) string {
 // leaves under root, as NVIDIA's mps-control-daemon does.
 func startMPSDaemon(t *testing.T, root, resource string) {
 	t.Helper()
-	for _, d := range []string{MPSPipeDir(root, resource), MPSLogDir(root, resource), MPSShmDir(root)} {
+	for _, d := range []string{mps.PipeDir(root, resource), mps.LogDir(root, resource), mps.ShmDir(root)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(MPSStartedFile(root, resource), nil, 0o644); err != nil {
+	if err := os.WriteFile(mps.StartedFile(root, resource), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -55,7 +56,7 @@ func TestMPSAllocate(t *testing.T) {
 	}
 	pipe := "/mps/nvidia.com/gpu/pipe"
 	for k, v := range map[string]string{
-		EnvVisibleDevices: uuid0, EnvMPSPipeDirectory: pipe, EnvMPSPinnedMemLimit: "0=12288M", EnvMPSThreadPercentage: "25",
+		EnvVisibleDevices: uuid0, mps.EnvPipeDirectory: pipe, mps.EnvPinnedMemLimit: "0=12288M", mps.EnvThreadPercentage: "25",
 	} {
 		if r.Envs[k] != v {
 			t.Errorf("%s = %q, want %q", k, r.Envs[k], v)
@@ -83,7 +84,7 @@ func TestMPSAllocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, wantLimit := r.Envs[EnvMPSPinnedMemLimit], "0=24576M"; got != wantLimit {
+	if got, wantLimit := r.Envs[mps.EnvPinnedMemLimit], "0=24576M"; got != wantLimit {
 		t.Errorf("after the change: limit %q, want %q", got, wantLimit)
 	}
 	err = testutil.GatherAndCompare(h.reg, strings.NewReader(fmt.Sprintf(`
@@ -106,10 +107,10 @@ gpuslice_plugin_mps_stale_limit_devices{resource="nvidia.com/gpu",uuid="%[2]s"} 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, wantLimit := r.Envs[EnvMPSPinnedMemLimit], "0=12288M,1=12288M"; got != wantLimit {
+	if got, wantLimit := r.Envs[mps.EnvPinnedMemLimit], "0=12288M,1=12288M"; got != wantLimit {
 		t.Errorf("two GPUs of 48 and 24 GiB at 2 replicas: limit %q, want %q", got, wantLimit)
 	}
-	if got := r.Envs[EnvMPSThreadPercentage]; got != "50" {
+	if got := r.Envs[mps.EnvThreadPercentage]; got != "50" {
 		t.Errorf("thread percentage %q, want 50", got)
 	}
 }
@@ -123,8 +124,8 @@ func TestMPSDaemonMissing(t *testing.T) {
 	unhealthy := strings.ReplaceAll(want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)), " ", "! ") + "!"
 	h.kubelet.waitFor("unhealthy replicas", func() bool { return h.kubelet.latest(gpuRes) == unhealthy })
 	_, err := allocate(t, e, rid(uuid0, 0))
-	if err == nil || !strings.Contains(err.Error(), MPSStartedFile(root, gpuRes)) {
-		t.Errorf("Allocate without a daemon: %v, want an error naming %s", err, MPSStartedFile(root, gpuRes))
+	if err == nil || !strings.Contains(err.Error(), mps.StartedFile(root, gpuRes)) {
+		t.Errorf("Allocate without a daemon: %v, want an error naming %s", err, mps.StartedFile(root, gpuRes))
 	}
 	startMPSDaemon(t, root, gpuRes)
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
@@ -138,27 +139,4 @@ func TestMPSWithoutRootRefused(t *testing.T) {
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
 	h.writeConfig(mpsConfig(2))
 	h.waitMetric("reload failures", h.plugin.metrics.reloadFailures, 1)
-}
-
-func TestParsePinnedLimit(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want map[string]uint64
-		err  bool
-	}{
-		{"0=10G", map[string]uint64{"0": 10 << 30}, false},
-		{"0=12288M,1=512MB", map[string]uint64{"0": 12 << 30, "1": 512 << 20}, false},
-		{"GPU-x=1024", map[string]uint64{"GPU-x": 1024}, false},
-		{"0=", nil, true},
-		{"10G", nil, true},
-		{"0=tenG", nil, true},
-	} {
-		got, err := ParsePinnedLimit(tc.in)
-		if (err != nil) != tc.err || !tc.err && !cmp.Equal(got, tc.want) {
-			t.Errorf("ParsePinnedLimit(%q) = %v, %v; want %v (error %v)", tc.in, got, err, tc.want, tc.err)
-		}
-	}
-	if got := formatPinnedLimit(2, MPSMemoryLimit(48<<30+5, 3)); got != "0=16384M,1=16384M" {
-		t.Errorf("formatPinnedLimit = %q", got)
-	}
 }
