@@ -1,7 +1,6 @@
 package exporter
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,13 +9,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	corev1 "k8s.io/api/core/v1"
 
 	"github.com/gpuslice/gpuslice/dashboards/metricnames"
 	"github.com/gpuslice/gpuslice/internal/gpu"
-	"github.com/gpuslice/gpuslice/internal/gpu/sim"
-	"github.com/gpuslice/gpuslice/internal/podresources"
-	"github.com/gpuslice/gpuslice/internal/pods"
 	"github.com/gpuslice/gpuslice/test/simnode"
 )
 
@@ -47,23 +42,8 @@ func TestMPS(t *testing.T) {
 		{Namespace: "ml", Name: "sliced", Containers: []*simnode.Container{{Name: "app", Replicas: map[string][]int{g1: {0}},
 			Processes: []simnode.Process{{PID: 3201, GPU: g1, MemoryBytes: 3 << 30, SM: 0.25}}}}},
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := n.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	client, err := podresources.NewClient(n.PodResourcesSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	podList := n.PodObjects()
-	ptrs := make([]*corev1.Pod, len(podList))
-	for i := range podList {
-		ptrs[i] = &podList[i]
-	}
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(New(Config{GPU: sim.New(n.SimFile()), Kubelet: client, Pods: pods.NewStatic(ptrs), Procfs: n.Procfs()}))
+	reg.MustRegister(New(startNode(t, n)))
 
 	want := fmt.Sprintf(`
 # HELP gpuslice_container_gpu_memory_limit_bytes %[3]s
