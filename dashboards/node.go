@@ -59,11 +59,20 @@ func Node() (dashboard.Dashboard, error) {
 			Min(0).
 			WithTarget(target("A",
 				`max by (namespace, pod, gpu) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[1h]))`,
-				"{{namespace}}/{{pod}} on GPU {{gpu}}")))
+				"{{namespace}}/{{pod}} on GPU {{gpu}}"))).
+		// Only containers with a limit series: GPUs shared through MPS
+		// (docs/mps.md). On a time-sliced node the panel stays empty.
+		WithPanel(versus("MPS memory: used vs limit by pod",
+			"GPUs shared through CUDA MPS only. Solid: memory each pod's MPS clients hold. Dashed: their pinned limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, given by gpuslice-plugin at start: the GPU's memory / replicas). A pod reaching its dashed line gets an out-of-memory error of its own; its neighbours keep their memory. Pods started before a replica change keep their older limit.",
+			units.BytesIEC, 10, 12,
+			`sum by (namespace, pod, gpu) (gpuslice_container_gpu_memory_used_bytes{`+podSel+`}`+
+				` and on (node, namespace, pod, container, uuid) gpuslice_container_gpu_memory_limit_bytes{`+podSel+`})`, "{{namespace}}/{{pod}} on GPU {{gpu}} used",
+			`sum by (namespace, pod, gpu) (max by (node, namespace, pod, container, gpu, uuid) (gpuslice_container_gpu_memory_limit_bytes{`+podSel+`}))`, "{{namespace}}/{{pod}} on GPU {{gpu}} limit").
+			Min(0))
 
 	b.WithRow(dashboard.NewRowBuilder("Compute")).
 		WithPanel(versus("SM utilization by pod",
-			"Share of the GPU's streaming multiprocessors each pod kept busy. Dashed: the whole GPU.",
+			"Share of the GPU's streaming multiprocessors each pod kept busy. Dashed: the whole GPU. No per-pod line on GPUs shared through MPS: NVML reports only the MPS server's utilization there.",
 			units.PercentUnit, 9, 12,
 			`sum by (namespace, pod, gpu) (gpuslice_container_gpu_utilization_ratio{`+podSel+`})`, "{{namespace}}/{{pod}} on GPU {{gpu}}",
 			`max by (gpu) (gpuslice_gpu_utilization_ratio{`+gpuSel+`})`, "GPU {{gpu}}").

@@ -89,6 +89,12 @@ func valueSets() []valueSet {
 			"--set", "monitoring.dashboards.namespace=monitoring",
 			"--set", "monitoring.dashboards.annotations.grafana_folder=GPU",
 		}},
+		// gpuslice-plugin sharing through MPS, with the chart's control
+		// daemon (docs/mps.md).
+		{name: "mps", release: "mps", namespace: "gpu-mps", args: []string{
+			"--set", "plugin.enabled=true", "--set", "mps.enabled=true",
+			"--set-json", `plugin.config.default="version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"`,
+		}},
 		{name: "podmonitors", release: "pm", namespace: "gpu-pm", args: []string{
 			"--set", "plugin.enabled=true",
 			"--set", "monitoring.podMonitor.enabled=true",
@@ -350,6 +356,12 @@ func container(t *testing.T, o Object) map[string]any {
 		t.Fatalf("%s: %d containers, want 1", o, len(cs))
 	}
 	return cs[0].(map[string]any)
+}
+
+// isMPSDaemon tells the chart's MPS control daemon, the one workload that
+// runs another image than gpuslice's (a shell and NVIDIA's driver tools).
+func isMPSDaemon(o Object) bool {
+	return o.GetLabels()["app.kubernetes.io/component"] == "mps-control-daemon"
 }
 
 func strs(v any) []string {
@@ -695,6 +707,57 @@ func TestRenderedWorkloads(t *testing.T) {
 		ds := find(t, render(t, h, vs), "DaemonSet", "gp-gpuslice-exporter")
 		if got, ok, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "runtimeClassName"); ok {
 			t.Errorf("%s: runtimeClassName %q with exporter.runtimeClassName empty, want none", ds, got)
+		}
+	})
+
+	t.Run("MPS control daemon and plugin", func(t *testing.T) {
+		for _, name := range []string{"default", "plugin"} {
+			for _, ds := range kinds(render(t, h, sets[name]), "DaemonSet") {
+				if isMPSDaemon(ds) {
+					t.Errorf("value set %s renders %s; MPS is off by default", name, ds)
+				}
+			}
+		}
+		objs := render(t, h, sets["mps"])
+		ds := find(t, objs, "DaemonSet", "mps-gpuslice-mps-control-daemon")
+		if !nested[bool](t, ds, "spec", "template", "spec", "hostPID") {
+			t.Errorf("%s: hostPID is not true", ds)
+		}
+		c := container(t, ds)
+		script := strings.Join(strs(c["args"]), "\n")
+		for _, want := range []string{"nvidia-cuda-mps-control -d", "CUDA_MPS_PIPE_DIRECTORY=/mps/$res/pipe", "CUDA_MPS_LOG_DIRECTORY=/mps/$res/log",
+			"touch /mps/$0/.started", "nvidia-smi -c EXCLUSIVE_PROCESS", "echo quit | nvidia-cuda-mps-control"} {
+			if !strings.Contains(script, want) {
+				t.Errorf("%s: script lacks %q:\n%s", ds, want, script)
+			}
+		}
+		for _, probe := range []string{"livenessProbe", "readinessProbe"} {
+			cmd, _, _ := unstructured.NestedSlice(c, probe, "exec", "command")
+			if !strings.Contains(strings.Join(strs(cmd), " "), "get_default_active_thread_percentage") {
+				t.Errorf("%s: %s %v does not ask the control daemon", ds, probe, cmd)
+			}
+		}
+		env := map[string]string{}
+		envs, _, _ := unstructured.NestedSlice(c, "env")
+		for _, e := range envs {
+			m := e.(map[string]any)
+			env[fmt.Sprint(m["name"])] = fmt.Sprint(m["value"])
+		}
+		if env["MPS_RESOURCES"] != "nvidia.com/gpu" || env["NVIDIA_DRIVER_CAPABILITIES"] != "compute,utility" {
+			t.Errorf("%s: env %v", ds, env)
+		}
+		checkHostMount(t, ds, "/mps", "/run/nvidia/mps", false)
+		checkHostMount(t, ds, "/dev/shm", "/run/nvidia/mps/shm", false)
+		plugin := find(t, objs, "DaemonSet", "mps-gpuslice-plugin")
+		if args := strs(container(t, plugin)["args"]); !slices.Contains(args, "--mps-root=/run/nvidia/mps") {
+			t.Errorf("%s: args %v lack --mps-root=/run/nvidia/mps", plugin, args)
+		}
+		checkHostMount(t, plugin, "/run/nvidia/mps", "/run/nvidia/mps", true)
+		checkLocked(t, plugin)
+		cm := find(t, objs, "ConfigMap", "mps-gpuslice-plugin-config")
+		f, err := dpconfig.Parse([]byte(nested[string](t, cm, "data", "default")))
+		if err != nil || !f.Config().MPS || f.Config().MPSSharing.Replicas() != 4 {
+			t.Errorf("%s: config %q does not share through MPS: %v", cm, nested[string](t, cm, "data", "default"), err)
 		}
 	})
 
@@ -1303,7 +1366,7 @@ func TestProgramsAcceptRenderedArgs(t *testing.T) {
 	})
 	for _, vs := range valueSets() {
 		for _, o := range render(t, h, vs) {
-			if o.GetKind() != "DaemonSet" && o.GetKind() != "Deployment" {
+			if o.GetKind() != "DaemonSet" && o.GetKind() != "Deployment" || isMPSDaemon(o) {
 				continue
 			}
 			t.Run(vs.name+"/"+o.GetName(), func(t *testing.T) {
@@ -1773,6 +1836,9 @@ func TestDockerfile(t *testing.T) {
 	for _, vs := range valueSets() {
 		objs := render(t, h, vs)
 		for _, o := range slices.Concat(kinds(objs, "DaemonSet"), kinds(objs, "Deployment")) {
+			if isMPSDaemon(o) {
+				continue // NVIDIA's driver tools in a CUDA image, not ours
+			}
 			t.Run("workload/"+vs.name+"/"+o.GetName(), func(t *testing.T) {
 				command := strs(container(t, o)["command"])
 				bin, ok := layout.resolve(command[0])

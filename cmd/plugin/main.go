@@ -24,6 +24,7 @@ import (
 	"github.com/gpuslice/gpuslice/internal/gpu/backend"
 	"github.com/gpuslice/gpuslice/internal/kube"
 	"github.com/gpuslice/gpuslice/internal/logging"
+	"github.com/gpuslice/gpuslice/internal/mps"
 	"github.com/gpuslice/gpuslice/internal/plugin"
 	"github.com/gpuslice/gpuslice/internal/podresources"
 	"github.com/gpuslice/gpuslice/internal/serve"
@@ -37,7 +38,7 @@ type options struct {
 	source, configFile                 string
 	configMap, defaultKey              string
 	kubeconfig, nodeName               string
-	policy, guardrails                 string
+	policy, guardrails, mpsRoot        string
 	healthInterval, recovery, heldPoll time.Duration
 	log                                logging.Flags
 }
@@ -62,6 +63,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "This node's name (env NODE_NAME).")
 	fs.StringVar(&o.policy, "preferred-allocation", string(plugin.Distributed), "GetPreferredAllocation policy: distributed (least shared GPU first) or packed.")
 	fs.StringVar(&o.guardrails, "memory-guardrails", "", "Resources (comma-separated, such as nvidia.com/gpu) whose containers get the memory guardrail variables (docs/plugin.md); empty: none.")
+	fs.StringVar(&o.mpsRoot, "mps-root", "", "Host directory of the MPS control daemons, NVIDIA's layout (<root>/<resource>/pipe, .started; "+mps.DefaultRoot+" in NVIDIA's chart), mounted at the same path here; empty refuses configs with sharing.mps.")
 	fs.DurationVar(&o.healthInterval, "health.interval", 5*time.Second, "How often GPUs are read for health.")
 	fs.DurationVar(&o.recovery, "health.recovery-interval", time.Minute, "How long a GPU must answer well after a critical Xid or failed reading before it is healthy again.")
 	fs.DurationVar(&o.heldPoll, "kubelet.pod-resources-interval", 10*time.Second, "How often the IDs in use are read from the PodResources API.")
@@ -120,7 +122,7 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := plugin.Options{
 		Backend: gpus, Source: source, DevicePluginDir: o.pluginDir, KubeletSocket: o.kubeletSocket,
-		Policy: policy, Guardrails: guardrails, HealthInterval: o.healthInterval, RecoveryInterval: o.recovery, HeldInterval: o.heldPoll,
+		Policy: policy, Guardrails: guardrails, MPSRoot: o.mpsRoot, HealthInterval: o.healthInterval, RecoveryInterval: o.recovery, HeldInterval: o.heldPoll,
 		Registerer: reg, Logger: log,
 	}
 	if o.podResourcesSocket != "" {

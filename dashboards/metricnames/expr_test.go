@@ -164,7 +164,7 @@ func TestCheck(t *testing.T) {
 func TestLists(t *testing.T) {
 	valid := regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 	seen := map[string]string{}
-	for list, names := range map[string][]string{"Exporter": Exporter, "Tuner": Tuner, "Plugin": Plugin, "Scrape": Scrape} {
+	for list, names := range map[string][]string{"Exporter": Exporter, "ExporterMPS": ExporterMPS, "Tuner": Tuner, "Plugin": Plugin, "PluginMPS": PluginMPS, "Scrape": Scrape} {
 		for _, n := range names {
 			if !valid.MatchString(n) {
 				t.Errorf("%s: %q is not a valid metric name", list, n)

@@ -45,6 +45,13 @@ var ExporterMIG = []string{
 	"gpuslice_container_mig_memory_used_bytes",
 }
 
+// ExporterMPS lists the metrics gpuslice-exporter serves only for GPUs
+// shared through CUDA MPS (docs/mps.md); beyond DESIGN.md.
+var ExporterMPS = []string{
+	"gpuslice_gpu_mps_server_memory_used_bytes",
+	"gpuslice_container_gpu_memory_limit_bytes",
+}
+
 // Tuner lists the metrics gpuslice-tuner serves (DESIGN.md, "Tuner metrics").
 var Tuner = []string{
 	"gpuslice_tuner_replicas",
@@ -70,6 +77,13 @@ var Plugin = []string{
 	"gpuslice_plugin_config_valid",
 }
 
+// PluginMPS lists the metrics gpuslice-plugin serves only for GPUs shared
+// through CUDA MPS (docs/mps.md); beyond DESIGN.md.
+var PluginMPS = []string{
+	"gpuslice_plugin_mps_memory_limit_bytes",
+	"gpuslice_plugin_mps_stale_limit_devices",
+}
+
 // Scrape lists the series Prometheus itself writes for every scrape target;
 // rules about a target being down read them.
 var Scrape = []string{
@@ -87,7 +101,7 @@ var Prometheus = []string{"ALERTS"}
 // Known reports whether name is a metric that one of gpuslice's programs, or
 // Prometheus for each of their scrape targets, produces.
 func Known(name string) bool {
-	return slices.Contains(Exporter, name) || slices.Contains(ExporterMIG, name) || slices.Contains(Tuner, name) ||
-		slices.Contains(Plugin, name) || slices.Contains(Scrape, name) ||
+	return slices.Contains(Exporter, name) || slices.Contains(ExporterMIG, name) || slices.Contains(ExporterMPS, name) ||
+		slices.Contains(Tuner, name) || slices.Contains(Plugin, name) || slices.Contains(PluginMPS, name) || slices.Contains(Scrape, name) ||
 		slices.Contains(Prometheus, name)
 }

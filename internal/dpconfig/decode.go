@@ -31,6 +31,8 @@ const (
 	pathPlugin      = keyFlags + "." + keyPlugin
 	pathTimeSlice   = keySharing + "." + keyTimeSlice
 	pathResources   = pathTimeSlice + "." + keyResources
+	pathMPS         = keySharing + "." + keyMPS
+	pathMPSRes      = pathMPS + "." + keyResources
 )
 
 // lineMap remembers the line of every field path decode saw, so that errors
@@ -108,34 +110,51 @@ func decode(doc *yaml.Node) (Config, lineMap, Errors) {
 	if sharing == nil {
 		return c, d.lines, d.errs
 	}
-	c.MPS = sharing[keyMPS] != nil
-	ts := d.mapping(sharing[keyTimeSlice], pathTimeSlice)
-	if ts == nil {
-		return c, d.lines, d.errs
+	if mps := d.mapping(sharing[keyMPS], pathMPS); mps != nil {
+		c.MPS = true
+		// NVIDIA keeps its historical MPS behaviour unless the file
+		// relaxes it (api/config/v1 config.go).
+		c.MPSSharing.FailRequestsGreaterThanOne = true
+		c.MPSSharing.Resources = d.replicated(mps, pathMPS, &c.MPSSharing.RenameByDefault, &c.MPSSharing.FailRequestsGreaterThanOne,
+			"no resources specified (leave out sharing.mps for exclusive GPUs)")
+	} else if sharing[keyMPS] != nil {
+		c.MPS = true // not a mapping: reported by mapping
 	}
-	if v := ts[keyRenameDef]; v != nil {
-		c.RenameByDefault, _ = d.boolean(v, pathTimeSlice+"."+keyRenameDef)
-	}
-	if v := ts[keyFailGT1]; v != nil {
-		c.FailRequestsGreaterThanOne, _ = d.boolean(v, pathTimeSlice+"."+keyFailGT1)
-	}
-	res := ts[keyResources]
-	if res == nil || (res.Kind == yaml.SequenceNode && len(res.Content) == 0) {
-		d.fail(pathResources, res, "no resources specified (leave out sharing.timeSlicing for exclusive GPUs)")
-		return c, d.lines, d.errs
-	}
-	if res.Kind != yaml.SequenceNode {
-		d.fail(pathResources, res, "must be a list, got %s", describe(res))
-		return c, d.lines, d.errs
-	}
-	for i, item := range res.Content {
-		path := fmt.Sprintf("%s[%d]", pathResources, i)
-		d.lines[path] = item.Line
-		if r, ok := d.resource(resolve(item), path); ok {
-			c.Resources = append(c.Resources, r)
-		}
+	if ts := d.mapping(sharing[keyTimeSlice], pathTimeSlice); ts != nil {
+		c.Resources = d.replicated(ts, pathTimeSlice, &c.RenameByDefault, &c.FailRequestsGreaterThanOne,
+			"no resources specified (leave out sharing.timeSlicing for exclusive GPUs)")
 	}
 	return c, d.lines, d.errs
+}
+
+// replicated reads one sharing strategy's section (sharing.timeSlicing or
+// sharing.mps: the same shape, NVIDIA's ReplicatedResources).
+func (d *decoder) replicated(m map[string]*yaml.Node, base string, renameByDefault, failGT1 *bool, noResources string) []Resource {
+	if v := m[keyRenameDef]; v != nil {
+		*renameByDefault, _ = d.boolean(v, base+"."+keyRenameDef)
+	}
+	if v := m[keyFailGT1]; v != nil {
+		*failGT1, _ = d.boolean(v, base+"."+keyFailGT1)
+	}
+	path := base + "." + keyResources
+	res := m[keyResources]
+	if res == nil || (res.Kind == yaml.SequenceNode && len(res.Content) == 0) {
+		d.fail(path, res, "%s", noResources)
+		return nil
+	}
+	if res.Kind != yaml.SequenceNode {
+		d.fail(path, res, "must be a list, got %s", describe(res))
+		return nil
+	}
+	var out []Resource
+	for i, item := range res.Content {
+		ipath := fmt.Sprintf("%s[%d]", path, i)
+		d.lines[ipath] = item.Line
+		if r, ok := d.resource(resolve(item), ipath); ok {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func (d *decoder) resource(n *yaml.Node, path string) (Resource, bool) {

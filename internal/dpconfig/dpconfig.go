@@ -1,9 +1,10 @@
 // Package dpconfig reads, checks and rewrites the configuration file of
 // NVIDIA's k8s-device-plugin (version v1), the format both NVIDIA's plugin and
-// gpuslice-plugin read. It owns the time-slicing part of the file
-// (sharing.timeSlicing and flags.migStrategy); every other field, comment and
-// key order survives a rewrite, so a tuner can change replicas in a file a
-// person wrote without destroying what else it says.
+// gpuslice-plugin read. It owns the sharing part of the file
+// (sharing.timeSlicing, sharing.mps and flags.migStrategy); every other field,
+// comment and key order survives a rewrite, so a tuner can change replicas in
+// a file a person wrote without destroying what else it says. Rewrites change
+// time-slicing only; sharing.mps is read and validated, and kept as written.
 //
 // The rules are NVIDIA's, so that a file accepted here is accepted by NVIDIA's
 // plugin too: version "v1" (an absent version means v1), at least two replicas
@@ -13,7 +14,14 @@
 // mixed. A few rules are stricter than NVIDIA's where NVIDIA would silently do
 // something other than what the file says: duplicate resource names, an
 // explicit rename that renameByDefault would override, an empty device list,
-// and sharing.mps together with sharing.timeSlicing.
+// and sharing.mps together with sharing.timeSlicing (NVIDIA lets MPS win).
+//
+// sharing.mps has the same shape as sharing.timeSlicing and NVIDIA's
+// (v0.19) rules for it: resources required, replicas >= 2, and
+// failRequestsGreaterThanOne true when absent. NVIDIA's plugin and its
+// mps-control-daemon ignore an MPS entry's "devices" and "rename" (they share
+// every GPU, under the name or name.shared) and refuse MPS with
+// migStrategy mixed; this package rejects those instead of ignoring them.
 package dpconfig
 
 import (
@@ -80,18 +88,44 @@ type Config struct {
 	// of the annotation keys the cdi-annotations strategy writes; "" when
 	// absent (NVIDIA's default, "cdi.k8s.io/").
 	CDIAnnotationPrefix string
-	// MPS is true when sharing.mps is set. Its content is not read: gpuslice
-	// does not implement MPS, and keeps the section untouched.
-	MPS bool
+	// MPS is true when sharing.mps is set; MPSSharing is what it says.
+	// SetReplicas never touches it.
+	MPS        bool
+	MPSSharing MPSSharing
 }
+
+// MPSSharing is sharing.mps: GPUs shared through CUDA MPS, each replica a
+// client with a hard memory limit and a share of the SMs.
+type MPSSharing struct {
+	RenameByDefault bool
+	// FailRequestsGreaterThanOne is true when the file leaves it out:
+	// NVIDIA's plugin keeps its historical MPS behaviour (api/config/v1
+	// config.go), refusing a container more than one replica.
+	FailRequestsGreaterThanOne bool
+	Resources                  []Resource
+}
+
+// AdvertisedName is the resource name r's MPS replicas are advertised
+// under: <name>.shared when renameByDefault is set, else its name.
+func (m MPSSharing) AdvertisedName(r Resource) string {
+	return advertisedName(m.RenameByDefault, r)
+}
+
+// Replicas is the MPS replica count of the nvidia.com/gpu entry, or of the
+// first entry; 1 when nothing is shared through MPS.
+func (m MPSSharing) Replicas() int { return replicasOf(m.Resources) }
 
 // AdvertisedName is the resource name r's replicas are advertised under:
 // its rename, else <name>.shared when renameByDefault is set, else its name.
 func (c Config) AdvertisedName(r Resource) string {
+	return advertisedName(c.RenameByDefault, r)
+}
+
+func advertisedName(renameByDefault bool, r Resource) string {
 	switch {
 	case r.Rename != "":
 		return r.Rename
-	case c.RenameByDefault:
+	case renameByDefault:
 		return r.Name + SharedSuffix
 	default:
 		return r.Name
@@ -101,16 +135,18 @@ func (c Config) AdvertisedName(r Resource) string {
 // Replicas is the replica count of the nvidia.com/gpu time-slicing entry, or
 // of the first entry when there is none for nvidia.com/gpu; 1 when nothing is
 // time-sliced.
-func (c Config) Replicas() int {
-	if len(c.Resources) == 0 {
+func (c Config) Replicas() int { return replicasOf(c.Resources) }
+
+func replicasOf(resources []Resource) int {
+	if len(resources) == 0 {
 		return 1
 	}
-	for _, r := range c.Resources {
+	for _, r := range resources {
 		if r.Name == GPUResource {
 			return r.Replicas
 		}
 	}
-	return c.Resources[0].Replicas
+	return resources[0].Replicas
 }
 
 // FieldError is one problem in a config, at a field path such as
@@ -215,15 +251,21 @@ func parseDocument(data []byte) (*yaml.Node, error) {
 // Config returns what the file says about time-slicing.
 func (f *File) Config() Config {
 	c := f.cfg
-	if c.Resources == nil {
-		return c
-	}
-	c.Resources = make([]Resource, len(f.cfg.Resources))
-	for i, r := range f.cfg.Resources {
-		r.Devices.List = append([]string(nil), r.Devices.List...)
-		c.Resources[i] = r
-	}
+	c.Resources = cloneResources(c.Resources)
+	c.MPSSharing.Resources = cloneResources(c.MPSSharing.Resources)
 	return c
+}
+
+func cloneResources(in []Resource) []Resource {
+	if in == nil {
+		return nil
+	}
+	out := make([]Resource, len(in))
+	for i, r := range in {
+		r.Devices.List = append([]string(nil), r.Devices.List...)
+		out[i] = r
+	}
+	return out
 }
 
 // Replicas is the file's replica count (see Config.Replicas).

@@ -57,8 +57,13 @@ sharing:
 			Resources: []Resource{{Name: GPUResource, Rename: "nvidia.com/gpu.shared", Devices: Devices{All: true}, Replicas: 2}}}},
 		{"JSON", `{"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 10}]}}}`,
 			Config{Version: "v1", MigStrategy: "none", Resources: []Resource{gpu(10)}}},
-		{"MPS alone is kept, not read", "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n",
-			Config{Version: "v1", MigStrategy: "none", MPS: true}},
+		{"MPS: failRequestsGreaterThanOne true when absent, as NVIDIA", "version: v1\nsharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: 2}]\n",
+			Config{Version: "v1", MigStrategy: "none", MPS: true, MPSSharing: MPSSharing{FailRequestsGreaterThanOne: true, Resources: []Resource{gpu(2)}}}},
+		{"MPS relaxed, renamed by default", "sharing:\n  mps:\n    renameByDefault: true\n    failRequestsGreaterThanOne: false\n    resources: [{name: gpu, devices: all, replicas: 4}]\n",
+			Config{Version: "v1", MigStrategy: "none", MPS: true, MPSSharing: MPSSharing{RenameByDefault: true, Resources: []Resource{gpu(4)}}}},
+		{"MPS with the default rename spelled out", "sharing: {mps: {renameByDefault: true, resources: [{name: gpu, rename: gpu.shared, replicas: 3}]}}\n",
+			Config{Version: "v1", MigStrategy: "none", MPS: true, MPSSharing: MPSSharing{RenameByDefault: true, FailRequestsGreaterThanOne: true,
+				Resources: []Resource{{Name: GPUResource, Rename: "nvidia.com/gpu.shared", Devices: Devices{All: true}, Replicas: 3}}}}},
 		{"unknown fields are ignored", "version: v1\nflags: {failOnInitError: true, plugin: {deviceListStrategy: envvar}}\nresources: {gpus: [{pattern: '*', name: gpu}]}\nsharing: {timeSlicing: {strategy: x, resources: [{name: gpu, replicas: 2, extra: 1}]}}\n",
 			Config{Version: "v1", MigStrategy: "none", Resources: []Resource{gpu(2)}, DeviceListStrategy: []string{"envvar"}}},
 		{"YAML 1.1 booleans, as NVIDIA's sigs.k8s.io/yaml reads them", "sharing:\n  timeSlicing:\n    renameByDefault: yes\n    failRequestsGreaterThanOne: On\n    resources: [{name: gpu, replicas: 2}]\n",
@@ -137,6 +142,18 @@ func TestParseInvalid(t *testing.T) {
 		{"CDI annotation prefix not a string", "flags: {plugin: {cdiAnnotationPrefix: [a]}}", `flags.plugin.cdiAnnotationPrefix`},
 		{"mps and timeSlicing", "sharing:\n  mps: {resources: [{name: gpu, replicas: 2}]}\n  timeSlicing: {resources: [{name: gpu, replicas: 2}]}\n",
 			"sharing: mps and timeSlicing are mutually exclusive; set one of them (line 1)"},
+		{"mps without resources", "sharing: {mps: {renameByDefault: true}}\n", "sharing.mps.resources: no resources specified (leave out sharing.mps"},
+		{"mps empty mapping", "sharing: {mps: {}}\n", "sharing.mps.resources: no resources specified"},
+		{"mps one replica", "sharing: {mps: {resources: [{name: gpu, replicas: 1}]}}\n", "sharing.mps.resources[0].replicas: must be >= 2, got 1 (line 1)"},
+		{"mps no replicas", "sharing: {mps: {resources: [{name: gpu}]}}\n", "sharing.mps.resources[0].replicas: no replicas specified"},
+		{"mps devices a count", "sharing: {mps: {resources: [{name: gpu, devices: 1, replicas: 2}]}}\n", "sharing.mps.resources[0].devices: NVIDIA's plugin shares every GPU"},
+		{"mps devices a list", "sharing: {mps: {resources: [{name: gpu, devices: [0], replicas: 2}]}}\n", "ignores devices"},
+		{"mps explicit rename", "sharing: {mps: {resources: [{name: gpu, rename: small, replicas: 2}]}}\n", "sharing.mps.resources[0].rename: NVIDIA's plugin ignores rename"},
+		{"mps rename against renameByDefault", "sharing: {mps: {renameByDefault: true, resources: [{name: gpu, rename: small, replicas: 2}]}}\n", "conflicts with renameByDefault"},
+		{"mps with mixed MIG", "flags: {migStrategy: mixed}\nsharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n", "flags.migStrategy: MPS sharing does not work with migStrategy mixed"},
+		{"mps duplicate names", "sharing: {mps: {resources: [{name: gpu, replicas: 2}, {name: nvidia.com/gpu, replicas: 3}]}}\n", `sharing.mps.resources[1].name: "nvidia.com/gpu" already configured`},
+		{"mps not a mapping", "sharing: {mps: [a]}\n", "sharing.mps: must be a mapping, got a list"},
+		{"mps failRequestsGreaterThanOne not a bool", "sharing: {mps: {failRequestsGreaterThanOne: 2, resources: [{name: gpu, replicas: 2}]}}\n", "sharing.mps.failRequestsGreaterThanOne: must be true or false"},
 		{"duplicate key", "version: v1\nversion: v1\n", `version: key "version" defined twice (line 2)`},
 		{"not a mapping", "- a\n- b\n", "must be a mapping, got a list"},
 		{"sharing a string", "sharing: yes\n", `sharing: must be a mapping, got str "yes"`},
@@ -179,6 +196,9 @@ func TestValidate(t *testing.T) {
 		{"rename equal to the default shared name", Config{RenameByDefault: true, Resources: []Resource{
 			{Name: GPUResource, Rename: "nvidia.com/gpu.shared", Devices: Devices{All: true}, Replicas: 2}}}, ""},
 		{"mps with resources", Config{MPS: true, Resources: []Resource{ok}}, "mutually exclusive"},
+		{"mps", Config{MPS: true, MPSSharing: MPSSharing{Resources: []Resource{ok}}}, ""},
+		{"mps without resources", Config{MPS: true}, "no resources specified"},
+		{"mps one replica", Config{MPS: true, MPSSharing: MPSSharing{Resources: []Resource{{Name: GPUResource, Devices: Devices{All: true}, Replicas: 1}}}}, "must be >= 2"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -221,5 +241,15 @@ func TestAdvertisedNameAndReplicas(t *testing.T) {
 	}
 	if got := (Config{}).Replicas(); got != 1 {
 		t.Errorf("Replicas without sharing: got %d", got)
+	}
+	m := MPSSharing{Resources: []Resource{mig, {Name: GPUResource, Replicas: 3}}}
+	if got := m.Replicas(); got != 3 {
+		t.Errorf("MPS Replicas prefers nvidia.com/gpu: got %d", got)
+	}
+	if got := (MPSSharing{RenameByDefault: true}).AdvertisedName(r); got != "nvidia.com/small" {
+		t.Errorf("MPS explicit rename: %q", got)
+	}
+	if got := (MPSSharing{RenameByDefault: true}).AdvertisedName(Resource{Name: GPUResource}); got != "nvidia.com/gpu.shared" {
+		t.Errorf("MPS renameByDefault: %q", got)
 	}
 }

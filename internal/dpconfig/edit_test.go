@@ -242,7 +242,7 @@ func TestUnknownFieldsAndCommentsSurviveReencoding(t *testing.T) {
 func FuzzRoundTrip(f *testing.F) {
 	for _, s := range []string{written, "", "version: v1\n", `{"sharing":{"timeSlicing":{"resources":[{"name":"gpu","replicas":2}]}}}`,
 		"x: &r 3\nsharing: {timeSlicing: {renameByDefault: true, resources: [{name: gpu, replicas: *r, devices: [0, 1]}]}}\n",
-		"sharing:\n  mps: {x: 1}\n", "flags: {migStrategy: mixed}\nsharing: {timeSlicing: {resources: [{name: mig-1g.5gb, devices: 1, replicas: 7}]}}\n"} {
+		"sharing:\n  mps: {x: 1}\n", "sharing:\n  mps: # hard limits\n    failRequestsGreaterThanOne: false\n    resources: [{name: gpu, replicas: 4}]\n", "flags: {migStrategy: mixed}\nsharing: {timeSlicing: {resources: [{name: mig-1g.5gb, devices: 1, replicas: 7}]}}\n"} {
 		f.Add([]byte(s), uint8(3))
 	}
 	f.Fuzz(func(t *testing.T, data []byte, k uint8) {

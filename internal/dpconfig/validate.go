@@ -43,10 +43,45 @@ func validate(c Config) Errors {
 	if c.MPS && len(c.Resources) > 0 {
 		fail(keySharing, "mps and timeSlicing are mutually exclusive; set one of them")
 	}
+	checkResources(c.Resources, c.RenameByDefault, pathResources, fail)
+	if c.MPS {
+		checkMPS(c, fail)
+	}
+	return errs
+}
+
+// checkMPS adds what NVIDIA's plugin (v0.19) and its mps-control-daemon
+// require of sharing.mps beyond the shared rules. They share every GPU
+// through one daemon per resource and silently ignore "devices" and
+// "rename" (api/config/v1 DisableResourceNamingInConfig), and refuse to
+// start MPS with migStrategy mixed (cmd/nvidia-device-plugin main.go).
+func checkMPS(c Config, fail func(path, format string, args ...any)) {
+	m := c.MPSSharing
+	if len(m.Resources) == 0 {
+		fail(pathMPSRes, "no resources specified (leave out sharing.mps for exclusive GPUs)")
+	}
+	checkResources(m.Resources, m.RenameByDefault, pathMPSRes, fail)
+	if c.MigStrategy == "mixed" {
+		fail(keyFlags+"."+keyMig, "MPS sharing does not work with migStrategy mixed (NVIDIA's plugin refuses it)")
+	}
+	for i, r := range m.Resources {
+		path := fmt.Sprintf("%s[%d]", pathMPSRes, i)
+		if !m.RenameByDefault && r.Rename != "" {
+			fail(path+"."+keyRename, "NVIDIA's plugin ignores rename under sharing.mps; use renameByDefault (name.shared) or leave it out")
+		}
+		if r.Devices.Count != 0 || r.Devices.List != nil {
+			fail(path+"."+keyDevices, "NVIDIA's plugin shares every GPU under sharing.mps and ignores devices; leave it out or write \"all\"")
+		}
+	}
+}
+
+// checkResources applies the rules both sharing strategies share to one
+// strategy's resources list at path.
+func checkResources(resources []Resource, renameByDefault bool, pathRes string, fail func(path, format string, args ...any)) {
 	names := map[string]int{}
 	advertised := map[string]int{}
-	for i, r := range c.Resources {
-		path := fmt.Sprintf("%s[%d]", pathResources, i)
+	for i, r := range resources {
+		path := fmt.Sprintf("%s[%d]", pathRes, i)
 		nameDup := false
 		if err := checkResourceName(r.Name); err != "" {
 			fail(path+"."+keyName, "%s", err)
@@ -59,12 +94,12 @@ func validate(c Config) Errors {
 		if r.Rename != "" {
 			if err := checkResourceName(r.Rename); err != "" {
 				fail(path+"."+keyRename, "%s", err)
-			} else if c.RenameByDefault && r.Rename != r.Name+SharedSuffix {
+			} else if renameByDefault && r.Rename != r.Name+SharedSuffix {
 				fail(path+"."+keyRename, "%q conflicts with renameByDefault, which names this resource %q; remove one of them",
 					r.Rename, r.Name+SharedSuffix)
 			}
 		}
-		adv := c.AdvertisedName(r)
+		adv := advertisedName(renameByDefault, r)
 		if j, dup := advertised[adv]; dup && !nameDup {
 			field := keyName
 			if r.Rename != "" {
@@ -79,7 +114,6 @@ func validate(c Config) Errors {
 			fail(path+"."+keyReplicas, "must be >= 2, got %d", r.Replicas)
 		}
 	}
-	return errs
 }
 
 func checkDevices(d Devices, path string, fail func(path, format string, args ...any)) {

@@ -196,8 +196,10 @@ func (e *Exporter) collect() {
 	for _, s := range e.inputs {
 		e.execute(sc, s)
 	}
+	mps := e.splitMPS(sc)
 	sc.res = attribution.Join(sc.in)
 	emitAttribution(sc.em, sc.res, sc.index)
+	e.emitMPS(sc, mps)
 	e.collectIdle(sc)
 	e.energy.update(sc.in.Devices, sc.res, e.cfg.Now())
 	e.energy.emit(sc.em, sc.index)

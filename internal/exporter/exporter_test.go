@@ -49,6 +49,22 @@ func newDemo(t *testing.T) *demo {
 		t.Fatal(err)
 	}
 	n.GPUs[0].Xids = []uint64{79}
+	cfg := startNode(t, n)
+	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { det.Close() })
+	cfg.OOM = det
+	d := &demo{node: n, exp: New(cfg), reg: prometheus.NewPedanticRegistry()}
+	d.reg.MustRegister(d.exp)
+	return d
+}
+
+// startNode starts a simulated node until the test ends and returns an
+// exporter config reading it: its GPUs, PodResources, pods and /proc.
+func startNode(t *testing.T, n *simnode.Node) Config {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := n.Start(ctx); err != nil {
@@ -59,21 +75,12 @@ func newDemo(t *testing.T) *demo {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { det.Close() })
-	d := &demo{node: n}
 	podList := n.PodObjects()
 	ptrs := make([]*corev1.Pod, len(podList))
 	for i := range podList {
 		ptrs[i] = &podList[i]
 	}
-	d.exp = New(Config{GPU: sim.New(n.SimFile()), Kubelet: client, Pods: pods.NewStatic(ptrs), Procfs: n.Procfs(), OOM: det})
-	d.reg = prometheus.NewPedanticRegistry()
-	d.reg.MustRegister(d.exp)
-	return d
+	return Config{GPU: sim.New(n.SimFile()), Kubelet: client, Pods: pods.NewStatic(ptrs), Procfs: n.Procfs()}
 }
 
 func (d *demo) scrape(t *testing.T) string {

@@ -35,6 +35,12 @@ type Process struct {
 	InMIG             bool
 	GPUInstanceID     int
 	ComputeInstanceID int
+	// MPSServer is true for a CUDA MPS server (nvidia-cuda-mps-server):
+	// the process that holds the GPU for every MPS client, counted by the
+	// exporter as the GPU's MPS overhead rather than any container's. A
+	// backend that cannot tell leaves it false; the exporter also knows
+	// the server by its command name in /proc.
+	MPSServer bool
 }
 
 // MIGDevice is one MIG device of a MIG-enabled GPU: a GPU instance with one

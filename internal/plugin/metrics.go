@@ -11,6 +11,12 @@ var (
 	unhealthyDesc = prometheus.NewDesc("gpuslice_plugin_unhealthy_gpus",
 		"GPUs whose device IDs are advertised as unhealthy (critical Xid, failed or missing reading, within the recovery interval).",
 		nil, nil)
+	mpsLimitDesc = prometheus.NewDesc("gpuslice_plugin_mps_memory_limit_bytes",
+		"Pinned device-memory limit (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) a container allocated now gets on a GPU shared through MPS: the GPU's memory / replicas, in whole MiB.",
+		[]string{"resource", "uuid"}, nil)
+	mpsStaleDesc = prometheus.NewDesc("gpuslice_plugin_mps_stale_limit_devices",
+		"Device IDs in use on a GPU shared through MPS whose container started with another limit than gpuslice_plugin_mps_memory_limit_bytes (the replica count changed since): an MPS client keeps the limit it started with. Counts the allocations this plugin process made.",
+		[]string{"resource", "uuid"}, nil)
 )
 
 // metrics is the plugin's collector: counters it owns, and gauges read from
@@ -51,6 +57,8 @@ func newMetrics(p *Plugin) *metrics {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- replicasDesc
 	ch <- unhealthyDesc
+	ch <- mpsLimitDesc
+	ch <- mpsStaleDesc
 	m.reloads.Describe(ch)
 	m.reloadFailures.Describe(ch)
 	m.configValid.Describe(ch)
@@ -62,7 +70,12 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.p.mu.Lock()
 	pl := m.p.plan
 	unhealthy := m.p.health.unhealthy()
+	mps := m.p.mpsSeriesLocked()
 	m.p.mu.Unlock()
+	for _, s := range mps {
+		ch <- prometheus.MustNewConstMetric(mpsLimitDesc, prometheus.GaugeValue, float64(s.limit), s.resource, s.uuid)
+		ch <- prometheus.MustNewConstMetric(mpsStaleDesc, prometheus.GaugeValue, float64(s.stale), s.resource, s.uuid)
+	}
 	for resource, devs := range pl.Resources {
 		perGPU := map[string]int{}
 		for _, d := range devs {

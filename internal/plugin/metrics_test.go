@@ -21,7 +21,9 @@ func TestMetricNamesMatchContract(t *testing.T) {
 	}
 	// Every series that depends on state gets some: a plan with a device,
 	// and a child of every vector.
-	p.plan = plan{Resources: map[string][]advertised{gpuRes: {{ID: uuid0, GPU: uuid0, Healthy: true}}}}
+	// The MPS series exist only for a GPU shared through MPS.
+	p.plan = plan{Resources: map[string][]advertised{gpuRes: {{ID: uuid0, GPU: uuid0, Healthy: true}}},
+		MPS: map[string]string{uuid0: gpuRes}, GPUs: map[string]gpuInfo{uuid0: {UUID: uuid0, MemoryTotalBytes: 1 << 30}}, Replicas: map[string]int{uuid0: 2}}
 	p.metrics.allocations.WithLabelValues(gpuRes)
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -31,10 +33,10 @@ func TestMetricNamesMatchContract(t *testing.T) {
 	for _, mf := range mfs {
 		got = append(got, mf.GetName())
 	}
-	want := slices.Clone(metricnames.Plugin)
+	want := slices.Concat(metricnames.Plugin, metricnames.PluginMPS)
 	slices.Sort(got)
 	slices.Sort(want)
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("plugin metrics differ from dashboards/metricnames.Plugin (-contract +registered):\n%s", diff)
+		t.Errorf("plugin metrics differ from dashboards/metricnames.Plugin and PluginMPS (-contract +registered):\n%s", diff)
 	}
 }

@@ -47,6 +47,10 @@ type plan struct {
 	Replicas map[string]int
 	// GPUs by UUID.
 	GPUs map[string]gpuInfo
+	// MPS maps the UUID of each GPU shared through CUDA MPS to the
+	// resource its replicas are advertised under; such a GPU never also
+	// serves time-slicing replicas.
+	MPS map[string]string
 	// Inject is how allocations name their GPUs to the container runtime.
 	Inject injection
 	// Warnings about parts of the config the plan could not follow.
@@ -58,6 +62,7 @@ type desire struct {
 	resource string
 	replicas int
 	ids      []string
+	mps      bool
 }
 
 // computePlan decides what to advertise. Every GPU gets the IDs its config
@@ -73,7 +78,7 @@ type desire struct {
 // the kubelet's allocatable drops to 2 at once, and ::3 gives way to ::1 when
 // its pod ends.
 func computePlan(cfg dpconfig.Config, gpus []gpuInfo, heldIDs []held) plan {
-	p := plan{Resources: map[string][]advertised{}, Replicas: map[string]int{}, GPUs: map[string]gpuInfo{}}
+	p := plan{Resources: map[string][]advertised{}, Replicas: map[string]int{}, GPUs: map[string]gpuInfo{}, MPS: map[string]string{}}
 	sorted := slices.Clone(gpus)
 	slices.SortFunc(sorted, func(a, b gpuInfo) int { return cmp.Compare(a.Index, b.Index) })
 	for _, g := range sorted {
@@ -101,6 +106,9 @@ func computePlan(cfg dpconfig.Config, gpus []gpuInfo, heldIDs []held) plan {
 	for _, g := range sorted {
 		d := desires[g.UUID]
 		p.Replicas[g.UUID] = d.replicas
+		if d.mps {
+			p.MPS[g.UUID] = d.resource
+		}
 		wanted := map[string]bool{}
 		for _, id := range d.ids {
 			wanted[id] = true
@@ -145,27 +153,33 @@ func (p *plan) add(resource string, g gpuInfo, id string, draining bool) {
 }
 
 // desires maps every GPU to what the config asks of it. Only entries for
-// nvidia.com/gpu apply: gpuslice-plugin does not handle MIG devices.
+// nvidia.com/gpu apply: gpuslice-plugin does not handle MIG devices. The
+// config has either time-slicing or MPS resources, never both (dpconfig
+// refuses that), so a GPU is shared one way only.
 func desires(cfg dpconfig.Config, gpus []gpuInfo) (map[string]desire, []string) {
 	var warnings []string
 	out := make(map[string]desire, len(gpus))
 	for _, g := range gpus {
 		out[g.UUID] = desire{resource: dpconfig.GPUResource, replicas: 1, ids: []string{g.UUID}}
 	}
-	for _, r := range cfg.Resources {
+	resources, mode, name := cfg.Resources, "time-slicing", cfg.AdvertisedName
+	if cfg.MPS {
+		resources, mode, name = cfg.MPSSharing.Resources, "MPS", cfg.MPSSharing.AdvertisedName
+	}
+	for _, r := range resources {
 		if r.Name != dpconfig.GPUResource {
-			warnings = append(warnings, fmt.Sprintf("time-slicing resource %q ignored: gpuslice-plugin shares whole GPUs only (no MIG)", r.Name))
+			warnings = append(warnings, fmt.Sprintf("%s resource %q ignored: gpuslice-plugin shares whole GPUs only (no MIG)", mode, r.Name))
 			continue
 		}
 		selected, w := selectGPUs(r.Devices, gpus)
 		warnings = append(warnings, w...)
-		name := cfg.AdvertisedName(r)
+		name := name(r)
 		for _, g := range selected {
 			ids := make([]string, r.Replicas)
 			for i := range ids {
 				ids[i] = podresources.FormatDeviceID(g.UUID, i)
 			}
-			out[g.UUID] = desire{resource: name, replicas: r.Replicas, ids: ids}
+			out[g.UUID] = desire{resource: name, replicas: r.Replicas, ids: ids, mps: cfg.MPS}
 		}
 	}
 	return out, warnings

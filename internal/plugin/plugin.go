@@ -1,6 +1,7 @@
-// Package plugin is gpuslice's kubelet device plugin for time-sliced NVIDIA
-// GPUs. It reads NVIDIA's device-plugin config (package dpconfig), advertises
-// <uuid>::<n> replica IDs per resource the way NVIDIA's plugin does, and —
+// Package plugin is gpuslice's kubelet device plugin for NVIDIA GPUs shared
+// by time-slicing or CUDA MPS (mps.go: each container a pinned memory limit
+// and SM share, through a control daemon per node). It reads NVIDIA's
+// device-plugin config (package dpconfig), advertises <uuid>::<n> replica IDs per resource the way NVIDIA's plugin does, and —
 // unlike NVIDIA's plugin — applies a new config on the open ListAndWatch
 // streams, without stopping its gRPC servers or registering again, so the
 // kubelet's allocatable changes within a second and never drops to 0.
@@ -34,7 +35,7 @@ import (
 )
 
 // ErrUnsupported means a config asks for something gpuslice-plugin does not
-// do (MPS).
+// do (MPS without an MPS root).
 var ErrUnsupported = errors.New("not supported by gpuslice-plugin")
 
 // Lister lists the kubelet's device allocations; *podresources.Client is one.
@@ -71,6 +72,11 @@ type Options struct {
 	// dropped then would stop being advertised, and the pod holding it
 	// would fail re-admission.
 	RestartGrace time.Duration
+	// MPSRoot is the host directory of the MPS control daemons (NVIDIA's
+	// layout, mps.go), seen at the same path by this process; empty
+	// refuses configs with sharing.mps, as NVIDIA's plugin refuses MPS
+	// without --mps-root.
+	MPSRoot string
 	// Registerer receives the plugin's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -102,6 +108,15 @@ type Plugin struct {
 	runCtx      context.Context
 	wg          sync.WaitGroup
 	changed     chan struct{} // closed and replaced on every recompute, for tests
+
+	// mpsDown holds, per MPS resource, why its control daemon is not
+	// ready; its devices are unhealthy meanwhile.
+	mpsDown map[string]error
+	// mpsGiven is the pinned memory limit each MPS device ID was given
+	// at its last Allocate: a container keeps the limit it started with
+	// when the replica count changes, and the metrics count those that
+	// hold another one than new containers get.
+	mpsGiven map[held]uint64
 }
 
 // New checks the options and builds a Plugin; Run starts it.
@@ -149,6 +164,9 @@ func New(o Options) (*Plugin, error) {
 		warned:  map[string]bool{},
 		servers: map[string]*resourceServer{},
 		changed: make(chan struct{}),
+
+		mpsDown:  map[string]error{},
+		mpsGiven: map[held]uint64{},
 	}
 	p.metrics = newMetrics(p)
 	if o.Registerer != nil {
@@ -244,8 +262,8 @@ func (p *Plugin) applyConfig(u Update) error {
 		return fmt.Errorf("%s: %w", u.Origin, err)
 	}
 	cfg := f.Config()
-	if cfg.MPS {
-		return fmt.Errorf("%s: sharing.mps: %w (time-slicing only; use NVIDIA's plugin for MPS)", u.Origin, ErrUnsupported)
+	if cfg.MPS && p.o.MPSRoot == "" {
+		return fmt.Errorf("%s: sharing.mps: %w (set --mps-root)", u.Origin, ErrUnsupported)
 	}
 	p.mu.Lock()
 	same := p.cfg != nil && bytes.Equal(p.cfgData, u.Data)
@@ -316,6 +334,11 @@ func (p *Plugin) setHeldLocked(ids []held, started time.Time) {
 		}
 	}
 	p.held = ids
+	for h := range p.mpsGiven {
+		if _, recent := p.recent[h]; !recent && !slices.Contains(ids, h) {
+			delete(p.mpsGiven, h)
+		}
+	}
 	for h, at := range p.recent {
 		// The kubelet records an allocation as soon as Allocate
 		// returns; a second of margin covers clock steps.
@@ -370,6 +393,9 @@ func (p *Plugin) healthLoop(ctx context.Context) {
 		if err == nil && !p.readOnce {
 			p.readOnce, changed = true, true
 		}
+		if p.checkMPSLocked() {
+			changed = true
+		}
 		if changed {
 			p.recomputeLocked()
 		}
@@ -400,6 +426,8 @@ func (p *Plugin) recomputeLocked() {
 		ids = append(ids, h)
 	}
 	p.plan = computePlan(*p.cfg, p.health.gpus(), ids)
+	p.checkMPSLocked() // a new plan may name new MPS resources
+	p.markMPSDownLocked()
 	for _, w := range p.plan.Warnings {
 		if !p.warned[w] {
 			p.warned[w] = true
@@ -454,4 +482,60 @@ func removeStale(path string) error {
 		return err
 	}
 	return nil
+}
+
+// checkMPSLocked reads whether the control daemon of every MPS resource in
+// the plan is ready, and reports whether that changed. p.mu is held.
+func (p *Plugin) checkMPSLocked() bool {
+	if p.o.MPSRoot == "" {
+		return false
+	}
+	changed := false
+	seen := map[string]bool{}
+	for _, res := range p.plan.MPS {
+		if seen[res] {
+			continue
+		}
+		seen[res] = true
+		err := checkMPSDaemon(p.o.MPSRoot, res)
+		before, was := p.mpsDown[res]
+		switch {
+		case err != nil && !was:
+			p.log.Warn("MPS control daemon not ready; its devices are unhealthy", "resource", res, "err", err)
+			p.mpsDown[res], changed = err, true
+		case err != nil:
+			p.mpsDown[res] = err
+			changed = changed || err.Error() != before.Error()
+		case was:
+			p.log.Info("MPS control daemon ready", "resource", res)
+			delete(p.mpsDown, res)
+			changed = true
+		}
+	}
+	for res := range p.mpsDown {
+		if !seen[res] {
+			delete(p.mpsDown, res)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// markMPSDownLocked advertises the devices of MPS resources whose daemon is
+// not ready as unhealthy: the kubelet then places no new pod there, rather
+// than pods whose CUDA calls would fail. p.mu is held.
+func (p *Plugin) markMPSDownLocked() {
+	for res, devs := range p.plan.Resources {
+		if _, down := p.mpsDown[res]; !down {
+			continue
+		}
+		marked := make([]advertised, len(devs))
+		for i, d := range devs {
+			if _, mps := p.plan.MPS[d.GPU]; mps {
+				d.Healthy = false
+			}
+			marked[i] = d
+		}
+		p.plan.Resources[res] = marked
+	}
 }

@@ -79,6 +79,7 @@ type setup struct {
 	// guardrails are the resources with memory guardrails.
 	guardrails map[string]bool
 	source     Source // default: a FileSource on config
+	mpsRoot    string // Options.MPSRoot
 	quiet      bool   // no logs (benchmarks)
 }
 
@@ -120,7 +121,7 @@ func start(t testing.TB, s setup) *harness {
 	}
 	p, err := New(Options{
 		Backend: h.gpus, Source: src, PodResources: lister,
-		DevicePluginDir: dir, Policy: s.policy, Guardrails: s.guardrails,
+		DevicePluginDir: dir, Policy: s.policy, Guardrails: s.guardrails, MPSRoot: s.mpsRoot,
 		HealthInterval: 10 * time.Millisecond, HeldInterval: 20 * time.Millisecond, RecoveryInterval: time.Minute,
 		Registerer: h.reg, Logger: log, Now: h.clock.Now,
 	})

@@ -253,16 +253,31 @@ func (s *resourceServer) Allocate(_ context.Context, req *pluginapi.AllocateRequ
 	p.mu.Lock()
 	pl := p.plan
 	fail := p.cfg != nil && p.cfg.FailRequestsGreaterThanOne
+	if p.cfg != nil && p.cfg.MPS {
+		fail = p.cfg.MPSSharing.FailRequestsGreaterThanOne
+	}
 	p.mu.Unlock()
 	if pl.GPUs == nil {
 		return nil, fmt.Errorf("%w for '%s': the plugin has no GPU inventory yet", ErrRequest, s.name)
 	}
 	resp := &pluginapi.AllocateResponse{}
-	for _, c := range req.ContainerRequests {
+	grants := make([]mpsGrant, len(req.ContainerRequests))
+	for i, c := range req.ContainerRequests {
 		r, err := containerResponse(pl, s.name, c.DevicesIds, fail, newRequestID())
 		if err != nil {
 			p.log.Warn("allocation refused", "resource", s.name, "devices", c.DevicesIds, "err", err)
 			return nil, err
+		}
+		if g, ok := mpsGrantFor(pl, c.DevicesIds); ok {
+			// Asked again now, not from the last health read: a
+			// container started without its daemon fails in CUDA,
+			// far from the cause.
+			if err := checkMPSDaemon(p.o.MPSRoot, g.resource); err != nil {
+				p.log.Warn("allocation refused", "resource", s.name, "devices", c.DevicesIds, "err", err)
+				return nil, err
+			}
+			addMPS(r, p.o.MPSRoot, g)
+			grants[i] = g
 		}
 		if p.o.Guardrails[s.name] {
 			if r.Envs == nil {
@@ -272,8 +287,11 @@ func (s *resourceServer) Allocate(_ context.Context, req *pluginapi.AllocateRequ
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, r)
 	}
-	for _, c := range req.ContainerRequests {
+	for i, c := range req.ContainerRequests {
 		p.remember(s.name, c.DevicesIds)
+		if grants[i].gpus > 0 {
+			p.rememberMPS(s.name, c.DevicesIds, grants[i].limit)
+		}
 		p.metrics.allocations.WithLabelValues(s.name).Inc()
 		p.log.Info("allocated", "resource", s.name, "devices", c.DevicesIds)
 	}

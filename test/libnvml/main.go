@@ -20,9 +20,10 @@
 //   - a GPU with `error:` keeps its identity (handle by index or UUID, UUID,
 //     index, minor number, PCI info, event registration) and fails every
 //     reading with NVML_ERROR_GPU_IS_LOST, like a GPU fallen off the bus;
-//   - processes are compute processes with the PIDs of the file; the
-//     graphics and MPS lists are empty; processes without smUtilization have
-//     no per-process utilization sample;
+//   - processes are compute processes with the PIDs of the file; on a GPU
+//     with an mpsServer process the MPS list holds the others (its
+//     clients), else it is empty; the graphics list is empty; processes
+//     without smUtilization have no per-process utilization sample;
 //   - utilization and SM samples are whole percent, temperature whole
 //     degrees, power whole milliwatts, as NVML gives them; per read, one
 //     sample per process with an smUtilization and one GPU_UTILIZATION
@@ -46,6 +47,7 @@ package main
 import "C"
 
 import (
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -507,11 +509,21 @@ func roundInt(f float64) int64 {
 	return int64(f + 0.5)
 }
 
+// Which list a running-process call asks for.
+type processList int
+
+const (
+	computeList processList = iota
+	graphicsList
+	mpsList
+)
+
 // processes answers the running-process calls: the compute list holds the
-// file's processes, the others are empty. infoSize is the size of one
-// entry of the caller's version; pid and used memory lead every version,
-// and versions 2 and 3 add the MIG instance IDs, invalid off MIG.
-func processes(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer, compute bool, v1 bool) C.int {
+// file's processes (an MPS server and its clients among them, as NVML lists
+// them), the MPS list the clients of a GPU with an mpsServer process, the
+// graphics list nothing. Pid and used memory lead every version, and
+// versions 2 and 3 add the MIG instance IDs, invalid off MIG.
+func processes(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer, list processList, v1 bool) C.int {
 	_, g, r := device(dev, true)
 	if r != nvml.SUCCESS {
 		return ret(r)
@@ -519,17 +531,26 @@ func processes(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer, compute 
 	if count == nil {
 		return ret(nvml.ERROR_INVALID_ARGUMENT)
 	}
-	var procs int
-	if compute {
-		procs = len(g.dev.Processes)
+	var listed []gpu.Process
+	switch list {
+	case computeList:
+		listed = g.dev.Processes
+	case mpsList:
+		if slices.ContainsFunc(g.dev.Processes, func(p gpu.Process) bool { return p.MPSServer }) {
+			for _, p := range g.dev.Processes {
+				if !p.MPSServer {
+					listed = append(listed, p)
+				}
+			}
+		}
 	}
+	procs := len(listed)
 	if int(*count) < procs || procs > 0 && infos == nil {
 		*count = C.uint(procs)
 		return ret(nvml.ERROR_INSUFFICIENT_SIZE)
 	}
 	*count = C.uint(procs)
-	for i := range procs {
-		p := g.dev.Processes[i]
+	for i, p := range listed {
 		if v1 {
 			unsafe.Slice((*nvml.ProcessInfo_v1)(infos), procs)[i] = nvml.ProcessInfo_v1{Pid: uint32(p.PID), UsedGpuMemory: p.UsedMemoryBytes}
 			continue
@@ -544,47 +565,47 @@ const invalidID = 0xFFFFFFFF
 
 //export nvmlDeviceGetComputeRunningProcesses_v3
 func nvmlDeviceGetComputeRunningProcesses_v3(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, true, false)
+	return processes(dev, count, infos, computeList, false)
 }
 
 //export nvmlDeviceGetComputeRunningProcesses_v2
 func nvmlDeviceGetComputeRunningProcesses_v2(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, true, false)
+	return processes(dev, count, infos, computeList, false)
 }
 
 //export nvmlDeviceGetComputeRunningProcesses
 func nvmlDeviceGetComputeRunningProcesses(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, true, true)
+	return processes(dev, count, infos, computeList, true)
 }
 
 //export nvmlDeviceGetGraphicsRunningProcesses_v3
 func nvmlDeviceGetGraphicsRunningProcesses_v3(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, false, false)
+	return processes(dev, count, infos, graphicsList, false)
 }
 
 //export nvmlDeviceGetGraphicsRunningProcesses_v2
 func nvmlDeviceGetGraphicsRunningProcesses_v2(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, false, false)
+	return processes(dev, count, infos, graphicsList, false)
 }
 
 //export nvmlDeviceGetGraphicsRunningProcesses
 func nvmlDeviceGetGraphicsRunningProcesses(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, false, true)
+	return processes(dev, count, infos, graphicsList, true)
 }
 
 //export nvmlDeviceGetMPSComputeRunningProcesses_v3
 func nvmlDeviceGetMPSComputeRunningProcesses_v3(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, false, false)
+	return processes(dev, count, infos, mpsList, false)
 }
 
 //export nvmlDeviceGetMPSComputeRunningProcesses_v2
 func nvmlDeviceGetMPSComputeRunningProcesses_v2(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, false, false)
+	return processes(dev, count, infos, mpsList, false)
 }
 
 //export nvmlDeviceGetMPSComputeRunningProcesses
 func nvmlDeviceGetMPSComputeRunningProcesses(dev unsafe.Pointer, count *C.uint, infos unsafe.Pointer) C.int {
-	return processes(dev, count, infos, false, true)
+	return processes(dev, count, infos, mpsList, true)
 }
 
 // nvmlDeviceGetProcessUtilization gives one sample per process with an

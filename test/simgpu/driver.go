@@ -14,6 +14,11 @@
 // socket and the driver frees its memory, as the real driver frees a dead
 // process's context.
 //
+// MPS: a process whose environment (/proc/<pid>/environ when it opens the
+// GPU) carries CUDA_MPS_PINNED_DEVICE_MEM_LIMIT gets that limit, as a real
+// MPS client does: an allocation past it fails for that process alone, with
+// the GPU's memory still free for the others.
+//
 // The driver renders the state as the simulated-GPU file of DESIGN.md
 // (internal/gpu/sim's format), replaced atomically after every change, so
 // that gpuslice's `sim` backend and the libnvidia-ml.so made from the sim
@@ -44,6 +49,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/gpuslice/gpuslice/internal/gpu/sim"
+	"github.com/gpuslice/gpuslice/internal/mps"
 )
 
 // Default paths, shared by the driver, the workload and test/libnvml: the
@@ -80,6 +86,8 @@ type procInfo struct {
 	gpu  int // index in base.GPUs
 	used uint64
 	sm   *float64
+	// limit is the process's MPS pinned memory limit; 0: none.
+	limit uint64
 }
 
 // Start serves the GPUs of base (their processes are ignored: the driver's
@@ -259,8 +267,8 @@ func (d *Driver) request(c *client, line string) (reply string, changed bool) {
 		if msg := d.base.GPUs[i].Error; msg != "" {
 			return "err " + msg, false
 		}
-		d.procs[c] = &procInfo{gpu: i}
 		g := d.base.GPUs[i]
+		d.procs[c] = &procInfo{gpu: i, limit: pinnedLimit(c.pid, g.UUID)}
 		return fmt.Sprintf("ok %s %d %d", g.UUID, g.MemoryTotalBytes, g.MemoryTotalBytes-d.usedLocked(i)), true
 	case "alloc", "free":
 		n, err := strconv.ParseUint(arg, 10, 64)
@@ -275,6 +283,9 @@ func (d *Driver) request(c *client, line string) (reply string, changed bool) {
 		used := d.usedLocked(p.gpu)
 		if n > total-used {
 			return fmt.Sprintf("oom %d", total-used), false
+		}
+		if p.limit > 0 && p.used+n > p.limit {
+			return fmt.Sprintf("oom %d", p.limit-min(p.used, p.limit)), false
 		}
 		p.used += n
 		return fmt.Sprintf("ok %d", p.used), true
@@ -291,6 +302,28 @@ func (d *Driver) request(c *client, line string) (reply string, changed bool) {
 		return fmt.Sprintf("ok %s %d %d %d", g.UUID, g.MemoryTotalBytes, g.MemoryTotalBytes-used, p.used), false
 	}
 	return fmt.Sprintf("err unknown request %q", verb), false
+}
+
+// pinnedLimit is the MPS pinned memory limit on the GPU uuid that process
+// pid started with, 0 when it has none (or its environment is unreadable).
+func pinnedLimit(pid int, uuid string) uint64 {
+	env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return 0
+	}
+	for _, kv := range strings.Split(string(env), "\x00") {
+		v, ok := strings.CutPrefix(kv, mps.EnvPinnedMemLimit+"=")
+		if !ok {
+			continue
+		}
+		limits, err := mps.ParsePinnedLimit(v)
+		if err != nil {
+			return 0
+		}
+		limit, _ := mps.LimitFor(limits, uuid)
+		return limit
+	}
+	return 0
 }
 
 // lookup resolves an NVIDIA_VISIBLE_DEVICES entry: a UUID, an index, or a

@@ -153,3 +153,48 @@ func TestFakeCUDA(t *testing.T) {
 }
 
 func human(b uint64) string { return fmt.Sprintf("%.2f GiB", float64(b)/float64(gib)) }
+
+// TestMPSPinnedLimit: a client started with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+// fails at its limit while the GPU has memory free, and its neighbour keeps
+// what it holds.
+func TestMPSPinnedLimit(t *testing.T) {
+	d := startDriver(t)
+	bin := testproc.BuildStatic(t, "test/simgpu/fakecuda")
+	env := append(os.Environ(), simgpu.EnvDir+"="+d.Dir(), simgpu.EnvVisibleDev+"="+uuid)
+
+	neighbour := exec.Command(bin, "-memory", "0s=3Gi")
+	neighbour.Env = append(env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4G")
+	if err := neighbour.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { neighbour.Process.Kill(); neighbour.Wait() })
+	testproc.Eventually(t, 10*time.Second, 20*time.Millisecond, func() string {
+		if d.Processes()[uuid][neighbour.Process.Pid] != 3*gib {
+			return "the neighbour's 3 GiB are not on the GPU"
+		}
+		return ""
+	})
+
+	capped := exec.Command(bin, "-memory", "0s=1Gi,100ms=3Gi", "-framework", "pytorch")
+	capped.Env = append(env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M")
+	var stderr bytes.Buffer
+	capped.Stderr = &stderr
+	err := capped.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("a client past its 2 GiB limit should exit 1 on OOM with 4 GiB of the GPU free, got %v; stderr:\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "CUDA out of memory") {
+		t.Fatalf("stderr is not an OOM:\n%s", stderr.String())
+	}
+	if got := d.Processes()[uuid][neighbour.Process.Pid]; got != 3*gib {
+		t.Errorf("the neighbour holds %s after the capped client's OOM, want 3 GiB", human(got))
+	}
+
+	// Without a limit the same script fits the GPU.
+	free := exec.Command(bin, "-memory", "0s=1Gi,100ms=3Gi", "-run", "500ms")
+	free.Env = env
+	if out, err := free.CombinedOutput(); err != nil {
+		t.Fatalf("the same client without a limit: %v\n%s", err, out)
+	}
+}

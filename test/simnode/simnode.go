@@ -67,6 +67,12 @@ type Process struct {
 	GPU         string // UUID
 	MemoryBytes uint64
 	SM          float64
+	// MPSServer makes it a CUDA MPS server (sim mpsServer), which lists
+	// its GPU's other processes as its clients.
+	MPSServer bool
+	// Environ is written to <procfs>/<pid>/environ (KEY=value each), as
+	// an MPS client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT; none: no file.
+	Environ []string
 }
 
 // Container is a container of a pod.
@@ -232,7 +238,7 @@ func (n *Node) writeSim() error {
 		}
 		add := func(p Process) {
 			sm := p.SM
-			sg.Processes = append(sg.Processes, sim.Process{PID: p.PID, UsedMemoryBytes: p.MemoryBytes, SMUtilization: &sm})
+			sg.Processes = append(sg.Processes, sim.Process{PID: p.PID, UsedMemoryBytes: p.MemoryBytes, SMUtilization: &sm, MPSServer: p.MPSServer})
 		}
 		for _, p := range g.HostProcesses {
 			add(p)
@@ -260,9 +266,11 @@ func (n *Node) writeSim() error {
 // distributions); host processes sit in a system service.
 func (n *Node) writeProc() error {
 	want := map[int]string{}
+	environ := map[int][]string{}
 	for _, g := range n.GPUs {
 		for _, p := range g.HostProcesses {
 			want[p.PID] = "0::/system.slice/ollama.service\n"
+			environ[p.PID] = p.Environ
 		}
 	}
 	for _, pod := range n.Pods {
@@ -270,6 +278,7 @@ func (n *Node) writeProc() error {
 		for _, c := range pod.Containers {
 			for _, p := range c.Processes {
 				want[p.PID] = "0::/kubepods.slice/kubepods-burstable.slice/" + slice + "/cri-containerd-" + c.ID + ".scope\n"
+				environ[p.PID] = p.Environ
 			}
 		}
 	}
@@ -296,6 +305,11 @@ func (n *Node) writeProc() error {
 		}
 		if err := os.WriteFile(filepath.Join(dir, "stat"), statLine(pid, content), 0o644); err != nil {
 			return err
+		}
+		if env := environ[pid]; len(env) > 0 {
+			if err := os.WriteFile(filepath.Join(dir, "environ"), []byte(strings.Join(env, "\x00")+"\x00"), 0o644); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -24,7 +24,12 @@
 //     memoryUsedBytes, which defaults to the sum of the processes in that
 //     instance); its utilization is then unsupported, as NVML answers;
 //   - processes[].gpuInstance and computeInstance, on a GPU with mig: the
-//     MIG device the process runs in (both, naming one of gpus[].mig).
+//     MIG device the process runs in (both, naming one of gpus[].mig);
+//   - processes[].mpsServer: true for a CUDA MPS server process
+//     (gpu.Process.MPSServer); the GPU's other processes are then its MPS
+//     clients. NVML lists the server among the compute processes, and
+//     per-process utilization only for it, so a sim file for an MPS GPU
+//     gives smUtilization to the server alone.
 //
 // Xid events: each xidEvents entry is one event. The count for a (GPU UUID,
 // Xid) pair is the number of entries with that Xid listed for that GPU, and
@@ -108,6 +113,7 @@ type Process struct {
 	// of its GPU; nil outside MIG.
 	GPUInstance     *int `yaml:"gpuInstance,omitempty"`
 	ComputeInstance *int `yaml:"computeInstance,omitempty"`
+	MPSServer       bool `yaml:"mpsServer,omitempty"`
 }
 
 // Backend reads the simulated node from its file. It is safe for concurrent
@@ -236,7 +242,7 @@ func (f *File) snapshot() gpu.Snapshot {
 			d.Processes = make([]gpu.Process, len(g.Processes))
 		}
 		for j, p := range g.Processes {
-			d.Processes[j] = gpu.Process{PID: p.PID, UsedMemoryBytes: p.UsedMemoryBytes}
+			d.Processes[j] = gpu.Process{PID: p.PID, UsedMemoryBytes: p.UsedMemoryBytes, MPSServer: p.MPSServer}
 			if p.SMUtilization != nil {
 				d.Processes[j].SMUtilization = *p.SMUtilization
 				d.Processes[j].HasSMUtilization = true

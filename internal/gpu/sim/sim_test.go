@@ -72,6 +72,20 @@ func TestSnapshotFiles(t *testing.T) {
 			wantXids: []gpu.XidCount{},
 		},
 		{
+			file: "mps.yaml",
+			want: gpu.Snapshot{
+				DriverVersion: "sim",
+				Devices: []gpu.Device{{
+					Index: 0, UUID: "GPU-a", MemoryTotalBytes: 1000, MemoryUsedBytes: 566, Utilization: 0.9,
+					Processes: []gpu.Process{
+						{PID: 10, UsedMemoryBytes: 66, SMUtilization: 0.9, HasSMUtilization: true, MPSServer: true},
+						{PID: 11, UsedMemoryBytes: 500},
+					},
+				}},
+			},
+			wantXids: []gpu.XidCount{},
+		},
+		{
 			file: "unsupported.yaml",
 			want: gpu.Snapshot{
 				DriverVersion: "sim",

@@ -1,0 +1,160 @@
+package exporter
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"github.com/gpuslice/gpuslice/internal/attribution"
+	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/internal/mps"
+)
+
+// A GPU shared through CUDA MPS (docs/mps.md) looks different to NVML: one
+// server process (nvidia-cuda-mps-server) holds the GPU for every client and
+// is the only process with per-process utilization, while each client is
+// listed with its own memory. The exporter therefore counts the server's
+// memory as the GPU's MPS overhead, not as a container's and not as
+// unattributed, gives no utilization per container on such a GPU (absent,
+// not 0: the clients did run kernels, NVML just does not say how much each),
+// and reads each client's pinned memory limit from its environment, so that
+// a panel can set used against limit.
+var (
+	gpuMPSServerMem = gauge(ns+"_gpu_mps_server_memory_used_bytes",
+		"GPU memory used by the CUDA MPS server processes on the GPU (their own, not their clients'); part of gpuslice_gpu_memory_used_bytes, in no container's and not in the unattributed memory.", gpuLabels)
+	containerMemLimit = gauge(ns+"_container_gpu_memory_limit_bytes",
+		"Pinned device-memory limit of the container's CUDA MPS clients on this GPU (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT from their environment, summed over its client processes): what they may allocate there before CUDA reports out of memory. Absent for containers with a client without a readable limit.", containerLabels)
+)
+
+// mpsScrape is one scrape's MPS view of the GPUs.
+type mpsScrape struct {
+	// server is the memory of the MPS servers per GPU UUID.
+	server map[string]uint64
+	// clients are the other processes on GPUs that have a server.
+	clients map[string][]gpu.Process
+}
+
+// splitMPS finds the MPS servers in the GPU reading and leaves sc.in with
+// what attribution should see: the servers taken out, and no SM figure for
+// the clients of an MPS GPU (NVML's per-process utilization there is the
+// server's alone). sc.in.Devices is replaced, never modified in place: the
+// GPU backend may share it.
+func (e *Exporter) splitMPS(sc *scrape) mpsScrape {
+	m := mpsScrape{server: map[string]uint64{}, clients: map[string][]gpu.Process{}}
+	var out []gpu.Device
+	for i, d := range sc.in.Devices {
+		if !slices.ContainsFunc(d.Processes, e.isMPSServer) {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(sc.in.Devices)
+		}
+		procs := make([]gpu.Process, 0, len(d.Processes))
+		for _, p := range d.Processes {
+			if e.isMPSServer(p) {
+				m.server[d.UUID] += p.UsedMemoryBytes
+				continue
+			}
+			p.SMUtilization, p.HasSMUtilization = 0, false
+			procs = append(procs, p)
+		}
+		out[i].Processes = procs
+		m.clients[d.UUID] = procs
+	}
+	if out != nil {
+		sc.in.Devices = out
+	}
+	return m
+}
+
+// isMPSServer tells an MPS server by the backend's word or by the program
+// it runs (its comm is cut to 15 characters, "nvidia-cuda-mps", which the
+// control daemon shares; the daemon holds no GPU context, but cmdline says
+// which one it is).
+func (e *Exporter) isMPSServer(p gpu.Process) bool {
+	if p.MPSServer {
+		return true
+	}
+	cmdline, err := os.ReadFile(filepath.Join(e.cfg.Procfs, strconv.Itoa(p.PID), "cmdline"))
+	if err != nil {
+		return false
+	}
+	argv0, _, _ := bytes.Cut(cmdline, []byte{0})
+	return filepath.Base(string(argv0)) == mps.ServerComm
+}
+
+// pinnedLimit reads a client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for the GPU
+// uuid from its environment as it started (/proc/<pid>/environ; the
+// exporter needs the right to read it, as root or with CAP_SYS_PTRACE).
+func (e *Exporter) pinnedLimit(pid int, uuid string) (uint64, bool) {
+	env, err := os.ReadFile(filepath.Join(e.cfg.Procfs, strconv.Itoa(pid), "environ"))
+	if err != nil {
+		return 0, false
+	}
+	return parsePinnedLimitEnv(env, uuid)
+}
+
+// parsePinnedLimitEnv finds the limit on uuid in an environ file's
+// NUL-separated variables.
+func parsePinnedLimitEnv(env []byte, uuid string) (uint64, bool) {
+	prefix := []byte(mps.EnvPinnedMemLimit + "=")
+	for kv := range bytes.SplitSeq(env, []byte{0}) {
+		v, ok := bytes.CutPrefix(kv, prefix)
+		if !ok {
+			continue
+		}
+		limits, err := mps.ParsePinnedLimit(string(v))
+		if err != nil {
+			return 0, false
+		}
+		return mps.LimitFor(limits, uuid)
+	}
+	return 0, false
+}
+
+// emitMPS sends the servers' memory and the containers' limits. The limits
+// go through the same join as memory, so a container's limit and its memory
+// carry the same labels: each limited client stands in with its limit as
+// its memory. A container with any client whose limit cannot be read gets
+// no limit series, rather than one that understates what it may take.
+func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
+	for uuid, b := range m.server {
+		sc.em.gauge(gpuMPSServerMem, float64(b), sc.index[uuid], uuid)
+	}
+	if len(m.clients) == 0 || sc.failed[CollectorProcfs] {
+		return
+	}
+	var limited, unlimited []gpu.Device
+	for _, d := range sc.in.Devices {
+		procs, ok := m.clients[d.UUID]
+		if !ok {
+			continue
+		}
+		l, u := d, d
+		l.Processes, u.Processes = nil, nil
+		for _, p := range procs {
+			if limit, ok := e.pinnedLimit(p.PID, d.UUID); ok {
+				p.UsedMemoryBytes = limit
+				l.Processes = append(l.Processes, p)
+			} else {
+				u.Processes = append(u.Processes, p)
+			}
+		}
+		limited, unlimited = append(limited, l), append(unlimited, u)
+	}
+	in := sc.in
+	in.Devices = unlimited
+	without := map[[2]string]bool{}
+	for _, u := range attribution.Join(in).Usage {
+		without[[2]string{u.UUID, u.Namespace + "/" + u.Pod + "/" + u.Container.Container}] = true
+	}
+	in.Devices = limited
+	for _, u := range attribution.Join(in).Usage {
+		if without[[2]string{u.UUID, u.Namespace + "/" + u.Pod + "/" + u.Container.Container}] {
+			continue
+		}
+		sc.em.gauge(containerMemLimit, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, strconv.Itoa(u.GPUIndex), u.UUID)
+	}
+}

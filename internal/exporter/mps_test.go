@@ -1,0 +1,124 @@
+package exporter
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/gpuslice/gpuslice/dashboards/metricnames"
+	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/test/simnode"
+)
+
+// TestMPS: on a GPU shared through MPS the server's memory is its own
+// series, the clients' memory is their containers', no container has a
+// utilization there, and each container's pinned limit comes from its
+// processes' environment; a time-sliced GPU beside it is unchanged.
+func TestMPS(t *testing.T) {
+	n, err := simnode.New("mps-node", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0, g1 := simnode.GPUUUID("mps-node", 0), simnode.GPUUUID("mps-node", 1)
+	n.GPUs = []*simnode.GPU{
+		{UUID: g0, MemoryBytes: 48 << 30, Replicas: 4, Utilization: 0.9,
+			HostProcesses: []simnode.Process{{PID: 900, GPU: g0, MemoryBytes: 66 << 20, SM: 0.9, MPSServer: true}}},
+		{UUID: g1, MemoryBytes: 48 << 30, Replicas: 2, Utilization: 0.3},
+	}
+	limit := "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=12288M"
+	n.Pods = []*simnode.Pod{
+		{Namespace: "ml", Name: "train", Containers: []*simnode.Container{{Name: "torch", Replicas: map[string][]int{g0: {0}},
+			Processes: []simnode.Process{
+				{PID: 3001, GPU: g0, MemoryBytes: 5 << 30, Environ: []string{"PATH=/bin", limit}},
+				{PID: 3002, GPU: g0, MemoryBytes: 1 << 30, Environ: []string{limit}},
+			}}}},
+		{Namespace: "ml", Name: "nolimit", Containers: []*simnode.Container{{Name: "jax", Replicas: map[string][]int{g0: {1}},
+			Processes: []simnode.Process{{PID: 3101, GPU: g0, MemoryBytes: 2 << 30}}}}},
+		{Namespace: "ml", Name: "sliced", Containers: []*simnode.Container{{Name: "app", Replicas: map[string][]int{g1: {0}},
+			Processes: []simnode.Process{{PID: 3201, GPU: g1, MemoryBytes: 3 << 30, SM: 0.25}}}}},
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(New(startNode(t, n)))
+
+	want := fmt.Sprintf(`
+# HELP gpuslice_container_gpu_memory_limit_bytes %[3]s
+# TYPE gpuslice_container_gpu_memory_limit_bytes gauge
+gpuslice_container_gpu_memory_limit_bytes{container="torch",gpu="0",namespace="ml",pod="train",uuid="%[1]s"} 2.5769803776e+10
+# HELP gpuslice_container_gpu_memory_used_bytes GPU memory used by the container's processes on this physical GPU, counted once however many replica IDs it holds.
+# TYPE gpuslice_container_gpu_memory_used_bytes gauge
+gpuslice_container_gpu_memory_used_bytes{container="app",gpu="1",namespace="ml",pod="sliced",uuid="%[2]s"} 3.221225472e+09
+gpuslice_container_gpu_memory_used_bytes{container="jax",gpu="0",namespace="ml",pod="nolimit",uuid="%[1]s"} 2.147483648e+09
+gpuslice_container_gpu_memory_used_bytes{container="torch",gpu="0",namespace="ml",pod="train",uuid="%[1]s"} 6.442450944e+09
+# HELP gpuslice_container_gpu_utilization_ratio Share of the GPU's SMs the container's processes kept busy in the last sample period (0..1).
+# TYPE gpuslice_container_gpu_utilization_ratio gauge
+gpuslice_container_gpu_utilization_ratio{container="app",gpu="1",namespace="ml",pod="sliced",uuid="%[2]s"} 0.25
+# HELP gpuslice_gpu_mps_server_memory_used_bytes %[4]s
+# TYPE gpuslice_gpu_mps_server_memory_used_bytes gauge
+gpuslice_gpu_mps_server_memory_used_bytes{gpu="0",uuid="%[1]s"} 6.9206016e+07
+# HELP gpuslice_unattributed_gpu_memory_used_bytes GPU memory used by processes that belong to no known pod container (host processes, pods not known yet).
+# TYPE gpuslice_unattributed_gpu_memory_used_bytes gauge
+gpuslice_unattributed_gpu_memory_used_bytes{gpu="0",uuid="%[1]s"} 0
+gpuslice_unattributed_gpu_memory_used_bytes{gpu="1",uuid="%[2]s"} 0
+`, g0, g1, containerMemLimit.help, gpuMPSServerMem.help)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"gpuslice_container_gpu_memory_limit_bytes", "gpuslice_container_gpu_memory_used_bytes", "gpuslice_container_gpu_utilization_ratio",
+		"gpuslice_gpu_mps_server_memory_used_bytes", "gpuslice_unattributed_gpu_memory_used_bytes"); err != nil {
+		t.Error(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = true
+	}
+	for _, name := range metricnames.ExporterMPS {
+		if !got[name] {
+			t.Errorf("dashboards/metricnames.ExporterMPS lists %s, which the MPS node's scrape lacks", name)
+		}
+	}
+}
+
+func TestMPSServerByCmdline(t *testing.T) {
+	procfs := t.TempDir()
+	for pid, argv0 := range map[int]string{10: "/usr/bin/nvidia-cuda-mps-server", 11: "nvidia-cuda-mps-control", 12: "python3"} {
+		dir := filepath.Join(procfs, fmt.Sprint(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cmdline"), []byte(argv0+"\x00-d\x00"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := &Exporter{cfg: Config{Procfs: procfs}}
+	for pid, want := range map[int]bool{10: true, 11: false, 12: false, 13: false} {
+		if got := e.isMPSServer(gpu.Process{PID: pid}); got != want {
+			t.Errorf("isMPSServer(%d) = %v, want %v", pid, got, want)
+		}
+	}
+}
+
+func TestParsePinnedLimitEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		want uint64
+		ok   bool
+	}{
+		{"A=1\x00CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10G\x00", 10 << 30, true},
+		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-a=1G,0=2G\x00", 1 << 30, true},
+		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G,1=2G\x00", 0, false},
+		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=junk\x00", 0, false},
+		{"XCUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G\x00", 0, false},
+	} {
+		got, ok := parsePinnedLimitEnv([]byte(tc.env), "GPU-a")
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("parsePinnedLimitEnv(%q) = %d, %v; want %d, %v", tc.env, got, ok, tc.want, tc.ok)
+		}
+	}
+}
