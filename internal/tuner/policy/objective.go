@@ -67,12 +67,6 @@ func (s sizes) stranger() item {
 // (Learning).
 func (v gpuView) explorer() item {
 	var p float64
-	for c, peak := range v.peaks {
-		w := v.obs.Memory.Workloads[v.obs.workload(c)]
-		if v.age(c) < transientAge && w.Lifetime < transientAge {
-			p = max(p, float64(max(peak, v.obs.Memory.Containers[c].size())))
-		}
-	}
 	for _, b := range v.obs.Memory.Sizes {
 		p = max(p, float64(b))
 	}
@@ -477,6 +471,13 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	}
 	if banned, c, at := v.banned(); banned < b.hi {
 		narrowHi(banned, ReasonRememberedOOM, "%s, still running, OOMed on a full GPU with %d pods at %s", c, banned+1, at.Format(time.RFC3339))
+	}
+	if s := led.s; len(s.ContainerPeaks) > s.ReplicasAllocated && s.ReplicasAllocated > 0 {
+		// More containers than replicas held: a pod ended since the last
+		// sample, and its peak is still in this one. The ledger holds it
+		// for a round; a lowering on it would be undone the next.
+		b.lo, b.loReason = cur, ReasonAwaitingApply
+		b.loMessage = fmt.Sprintf("%d containers in the sample and %d replicas held: a pod has just ended", len(s.ContainerPeaks), s.ReplicasAllocated)
 	}
 	if settling {
 		switch v.obs.LastDirection {
