@@ -41,6 +41,9 @@ type Memory struct {
 	// distribution, not its largest member: one 40 GiB model must not
 	// price every small job at 40 GiB.
 	Sizes []uint64 `json:"sizes,omitempty"`
+	// Since is the tuner's first look at the node: containers seen within
+	// two samples of it were running before it came (ContainerMemory.Resident).
+	Since time.Time `json:"since,omitzero"`
 	// Arrivals are when the last maxSizes containers were first seen here,
 	// oldest first: how often a pod comes, which is what a spare replica
 	// is worth.
@@ -63,6 +66,9 @@ type ContainerMemory struct {
 	// PeakBytes is the most it used, last at PeakAt.
 	PeakBytes uint64    `json:"peakBytes,omitempty"`
 	PeakAt    time.Time `json:"peakAt,omitzero"`
+	// Resident says it was running when the tuner first looked at the
+	// node: a service the operator put there, not a job that came.
+	Resident bool `json:"resident,omitempty"`
 	// Workload is its workload key, as the round that last saw it mapped
 	// it (the controller maps only the containers it sees now).
 	Workload string `json:"workload,omitempty"`
@@ -200,7 +206,10 @@ func (w WorkloadMemory) Known(cfg Config) bool { return w.Seen >= cfg.Window && 
 // under its own key: it still prices itself while it runs.
 func Remember(cfg Config, mem Memory, obs Observation) Memory {
 	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads), Base: mem.Base, Containers: maps.Clone(mem.Containers),
-		Sizes: slices.Clone(mem.Sizes), Arrivals: slices.Clone(mem.Arrivals), LastOOM: mem.LastOOM}
+		Sizes: slices.Clone(mem.Sizes), Arrivals: slices.Clone(mem.Arrivals), LastOOM: mem.LastOOM, Since: mem.Since}
+	if out.Since.IsZero() {
+		out.Since = obs.Now
+	}
 	if out.Workloads == nil {
 		out.Workloads = map[string]WorkloadMemory{}
 	}
@@ -228,8 +237,11 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 			for c, p := range s.ContainerPeaks {
 				cm, ok := out.Containers[c]
 				if !ok {
-					cm.FirstSeen = s.Time
-					out.Arrivals = append(out.Arrivals, s.Time)
+					// What the first samples show ran before the tuner came.
+					cm.FirstSeen, cm.Resident = s.Time, s.Time.Sub(out.Since) <= 2*cfg.SampleInterval
+					if !cm.Resident {
+						out.Arrivals = append(out.Arrivals, s.Time)
+					}
 				}
 				cm.LastSeen = later(cm.LastSeen, s.Time)
 				if p >= cm.PeakBytes {

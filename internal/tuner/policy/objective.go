@@ -52,32 +52,48 @@ func (s sizes) stranger() item {
 }
 
 // explorer is the price of a pod of a workload never seen: at least the
-// largest job running now (a pod younger than transientAge whose workload's
-// pods do not run longer) and the largest pod that came and went here
+// largest job running now (a pod that came after the tuner's first look,
+// younger than transientAge, whose workload's pods do not run longer) and
+// the largest pod that came and went here
 // lately (Memory.Sizes): a pod never seen may be as large as anything that
 // comes and goes here (on the seed day a second fine-tune, a stranger, came
 // after the first and grew to 20 GiB where 8 GiB jobs ran). Services are
 // not its measure: one 40 GiB model must not keep every job of a workload
-// never seen out of a card with 30 GiB free. A node that has seen no job
-// at all has nothing to price it with: it learns, letting one in at the
-// 90th percentile of what it has seen but its largest member, and at most
-// at half the memory left (two steady 10 GiB models on 24 GiB must not
-// keep every 2.5 GiB job out for ever). Learning a workload is bounded:
+// never seen out of a card with 30 GiB free: and at least the 90th
+// percentile of every size seen here but the largest, which for a pod that
+// came after the tuner's first look is capped at half the memory left (two
+// steady 10 GiB models on 24 GiB, all the node has seen, must not keep
+// every 2.5 GiB job out for ever). Learning a workload is bounded:
 // one pod of it at a time; its siblings wait until it has shown its size
 // (Learning).
-func (v gpuView) explorer() item {
+func (v gpuView) explorer(late bool) item {
 	var p float64
+	for c, peak := range v.peaks {
+		w, cm := v.obs.Memory.Workloads[v.obs.workload(c)], v.obs.Memory.Containers[c]
+		if !cm.Resident && v.age(c) < transientAge && w.Lifetime < transientAge {
+			p = max(p, float64(max(peak, cm.size())))
+		}
+	}
 	for _, b := range v.obs.Memory.Sizes {
 		p = max(p, float64(b))
 	}
-	if n := len(v.sizes.sorted); p == 0 && n > 0 {
-		p = sizes{v.sizes.sorted[:max(n-1, 1)]}.quantile(0.9)
-		if v.ok {
+	if n := len(v.sizes.sorted); n > 0 {
+		typical := sizes{v.sizes.sorted[:max(n-1, 1)]}.quantile(0.9)
+		if v.ok && late {
 			held, _ := v.latest.held()
-			p = min(p, max(v.total()-held, 0)/2)
+			typical = min(typical, max(v.total()-held, 0)/2)
 		}
+		p = max(p, typical)
 	}
 	return item{mean: p, sd: strangerSpread * p}
+}
+
+// late says whether pending pod p came after the tuner's first look at
+// the node: a pod that waited from the start is one of the pods the node
+// was given together, like those it runs (eight jobs queued at once, two
+// of them running), and is priced like them.
+func (v gpuView) late(p PendingPod) bool {
+	return !p.Since.IsZero() && p.Since.Sub(v.obs.Memory.Since) > 2*v.cfg.SampleInterval
 }
 
 // total is the GPU's memory at the latest sample (0 when unknown).
@@ -127,7 +143,7 @@ func (v gpuView) queue(led ledger) []demand {
 			learning = true
 		}
 	}
-	stranger, explorer := v.sizes.stranger(), v.explorer()
+	stranger := v.sizes.stranger()
 	out := make([]demand, 0, len(v.obs.Pending))
 	for _, p := range v.obs.Pending {
 		d := demand{replicas: max(p.Replicas, 1), patience: v.cfg.Window.Seconds()}
@@ -152,14 +168,14 @@ func (v gpuView) queue(led ledger) []demand {
 			d.learning, d.none = true, true
 		case sibling:
 			d.item, d.learning = item{mean: max(2*s, stranger.mean), sd: stranger.sd}, true
-		case !learning && explorer.mean > 0:
-			d.item, d.explore = explorer, true
+		case !learning && v.explorer(v.late(p)).mean > 0:
+			d.item, d.explore = v.explorer(v.late(p)), true
 			learning = true
 			shown[p.Workload] = 0 // let in now: its siblings wait for it
 		default:
 			// Another workload never seen, while one is being learnt: no
 			// cheaper than the first.
-			d.item = explorer
+			d.item = v.explorer(v.late(p))
 		}
 		d.none = d.none || d.mean <= 0
 		out = append(out, d)
@@ -180,7 +196,7 @@ func (v gpuView) arrival(led ledger) item {
 	shown := 0.0
 	for c := range led.s.ContainerPeaks {
 		if !v.obs.Memory.Workloads[v.obs.workload(c)].Known(v.cfg) && v.age(c) < v.cfg.Window {
-			shown = max(shown, 2*float64(v.peaks[c]), v.explorer().mean)
+			shown = max(shown, 2*float64(v.peaks[c]), v.explorer(true).mean)
 		}
 	}
 	if shown > a.mean {
@@ -306,6 +322,8 @@ func (v gpuView) transient(led ledger) []item {
 		w := v.obs.Memory.Workloads[v.obs.workload(c)]
 		age := v.age(c)
 		switch {
+		case v.obs.Memory.Containers[c].Resident:
+			// It ran before the tuner came: a service.
 		case w.Known(v.cfg) && w.Lifetime < transientAge:
 			// Its pods ran up to Lifetime; this one may end sooner.
 			out = append(out, leaving{led.running[i], max(w.Lifetime-age, 0)})

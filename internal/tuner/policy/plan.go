@@ -143,7 +143,7 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 		r = max(r, w.PeakBy(age+horizon))
 	}
 	if !w.Known(v.cfg) && age < v.cfg.Window {
-		s := v.sizes.stranger()
+		s := v.explorer(true)
 		return item{mean: max(float64(r), s.mean), sd: s.sd}
 	}
 	if age < v.cfg.Window {
