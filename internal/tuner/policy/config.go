@@ -108,7 +108,7 @@ func DefaultConfig() Config {
 		Remember:          14 * 24 * time.Hour,
 		MaxWorkloads:      256,
 		OOMCost:           6 * time.Hour,
-		ChangeCost:        30 * time.Second,
+		ChangeCost:        10 * time.Second,
 		Settle:            5 * time.Minute,
 	}
 }

@@ -44,22 +44,22 @@ func TestDecideWithMemory(t *testing.T) {
 		reason   string
 	}{
 		{"pending pods of known small workloads are raised for at once, several in one step",
-			obs([]PendingPod{{"job/embed", 1}, {"job/embed", 1}, {"job/thumbs", 1}},
+			obs([]PendingPod{{Workload: "job/embed", Replicas: 1}, {Workload: "job/embed", Replicas: 1}, {Workload: "job/thumbs", Replicas: 1}},
 				map[string]WorkloadMemory{"job/embed": known(3 * GiB), "job/thumbs": known(2 * GiB)}), 7, ReasonSustainedHeadroom},
 		{"a pending pod of unknown size is priced at the largest pod running, a change a minute ago or not",
-			obs([]PendingPod{{"job/new", 1}}, nil), 5, ReasonSustainedHeadroom},
+			obs([]PendingPod{{Workload: "job/new", Replicas: 1}}, nil), 5, ReasonSustainedHeadroom},
 		{"a known pod larger than what any leaving pod frees is not handed a replica",
 			// 22.7 GiB left, 23.2 once the transcoder leaves: not 24
-			obs([]PendingPod{{"job/finetune", 1}}, map[string]WorkloadMemory{"job/finetune": known(24 * GiB)}), 3, ReasonUnbackedReplicas},
+			obs([]PendingPod{{Workload: "job/finetune", Replicas: 1}}, map[string]WorkloadMemory{"job/finetune": known(24 * GiB)}), 3, ReasonUnbackedReplicas},
 		{"a pod of a leaking service is priced at what its pods grew to over their life",
 			// small when it starts, 30 GiB a day later
-			obs([]PendingPod{{"svc/leak", 1}}, map[string]WorkloadMemory{"svc/leak": byAge(24*time.Hour,
+			obs([]PendingPod{{Workload: "svc/leak", Replicas: 1}}, map[string]WorkloadMemory{"svc/leak": byAge(24*time.Hour,
 				[]time.Duration{0, 6 * time.Hour, 23 * time.Hour}, []uint64{2 * GiB, 10 * GiB, 30 * GiB})}), 3, ReasonUnbackedReplicas},
 		{"a job still loading is reserved at what its workload's pods reached at its age a window later",
 			// at 3 GiB 30 s in, its pods reach 9 GiB by 5 minutes: 43.2 -
 			// 20.5 - 10.5 GiB backs one more 9 GiB pod, not two
 			job("batch/new-1/c", "job/train", 3*GiB, 30*time.Second,
-				[]PendingPod{{"job/train", 1}, {"job/train", 1}}, map[string]WorkloadMemory{"job/train": byAge(time.Hour,
+				[]PendingPod{{Workload: "job/train", Replicas: 1}, {Workload: "job/train", Replicas: 1}}, map[string]WorkloadMemory{"job/train": byAge(time.Hour,
 					[]time.Duration{0, 5 * time.Minute}, []uint64{3 * GiB, 9 * GiB})}), 6, ReasonSustainedHeadroom},
 		{"a young pod of a workload whose pods run for hours is reserved at what the largest reached by a window later",
 			// a model 2 minutes in at 6 GiB; its workload's pods held 12 GiB
@@ -67,24 +67,24 @@ func TestDecideWithMemory(t *testing.T) {
 			// 43.2 - 20.5 - 20 GiB backs no 7 GiB job, not even in the
 			// replica the transcoder would leave
 			job("ml/llm-2/serve", "svc/llm", 6*GiB, 2*time.Minute,
-				[]PendingPod{{"job/embed", 1}}, map[string]WorkloadMemory{"job/embed": known(7 * GiB), "svc/llm": byAge(6*time.Hour,
+				[]PendingPod{{Workload: "job/embed", Replicas: 1}}, map[string]WorkloadMemory{"job/embed": known(7 * GiB), "svc/llm": byAge(6*time.Hour,
 					[]time.Duration{0, 90 * time.Second, 5 * time.Minute}, []uint64{12 * GiB, 12 * GiB, 20 * GiB})}), 4, ReasonUnbackedReplicas},
 		{"a young pod of a short job is reserved at its own size and its workload's growth",
 			// the same pod of a workload whose pods run 15 minutes: 6 + 8
 			// GiB leaves 8.7 GiB, room for the 7 GiB job
 			job("batch/llm-2/serve", "job/eval", 6*GiB, 2*time.Minute,
-				[]PendingPod{{"job/embed", 1}}, map[string]WorkloadMemory{"job/embed": known(7 * GiB), "job/eval": byAge(15*time.Minute,
+				[]PendingPod{{Workload: "job/embed", Replicas: 1}}, map[string]WorkloadMemory{"job/embed": known(7 * GiB), "job/eval": byAge(15*time.Minute,
 					[]time.Duration{0, 90 * time.Second, 5 * time.Minute}, []uint64{12 * GiB, 12 * GiB, 20 * GiB})}), 6, ReasonSustainedHeadroom},
 		{"a pod of a workload being learnt joins its first at a price twice what that one showed",
 			// the first shows 0.5 GiB; the largest pod running, 8 GiB, is
 			// more than twice that
-			job("batch/thumbs-1/c", "job/thumbs", GiB/2, time.Minute, []PendingPod{{"job/thumbs", 1}}, nil), 6, ReasonSustainedHeadroom},
+			job("batch/thumbs-1/c", "job/thumbs", GiB/2, time.Minute, []PendingPod{{Workload: "job/thumbs", Replicas: 1}}, nil), 6, ReasonSustainedHeadroom},
 		{"a pod of a workload being learnt waits when the price is less than twice what its first showed",
 			// the first shows 6 GiB; 8 GiB may be too little for it
-			job("batch/ft-1/c", "job/ft", 6*GiB, time.Minute, []PendingPod{{"job/ft", 1}}, nil), 5, ReasonLearning},
+			job("batch/ft-1/c", "job/ft", 6*GiB, time.Minute, []PendingPod{{Workload: "job/ft", Replicas: 1}}, nil), 5, ReasonLearning},
 		{"a young container of a workload not known is reserved at the largest pod running",
 			// 20.5 + 8 (not 1) GiB: 14.7 GiB left backs one 8 GiB stranger
-			job("batch/x-1/c", "job/x", GiB, time.Minute, []PendingPod{{"job/y", 1}, {"job/z", 1}}, nil), 6, ReasonSustainedHeadroom},
+			job("batch/x-1/c", "job/x", GiB, time.Minute, []PendingPod{{Workload: "job/y", Replicas: 1}, {Workload: "job/z", Replicas: 1}}, nil), 6, ReasonSustainedHeadroom},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -111,7 +111,7 @@ func TestDecidePeakHold(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks)))
-			o.Pending = []PendingPod{{"job/embed", 1}}
+			o.Pending = []PendingPod{{Workload: "job/embed", Replicas: 1}}
 			o.Memory = Memory{Updated: now, Workloads: map[string]WorkloadMemory{"job/embed": {PeakBytes: 3 * GiB, Seen: time.Hour, LastSeen: now}},
 				Containers: map[string]ContainerMemory{"media/rife/rife": {FirstSeen: now.Add(-9 * time.Hour), LastSeen: now, PeakBytes: 28 * GiB, PeakAt: tc.peakAt}}}
 			d := Decide(DefaultConfig(), o)
@@ -149,7 +149,7 @@ func TestDecideRemembersOOMs(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := node(4, now.Add(-time.Hour), roomy)
-			o.Pending = []PendingPod{{tc.pending, 1}}
+			o.Pending = []PendingPod{{Workload: tc.pending, Replicas: 1}}
 			o.Memory = Memory{Updated: now, Workloads: tc.mem}
 			d := Decide(DefaultConfig(), o)
 			if d.Replicas != tc.replicas || d.Reason != tc.reason {

@@ -263,7 +263,10 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	}
 	c.admitted = k
 	arrival := v.arrival(led)
-	if k == len(q) && free > 0 && arrival.mean > 0 {
+	if len(q) == 0 && free > 0 && arrival.mean > 0 {
+		// Spare replicas for pods not here yet, only when nobody waits:
+		// beside a raise for waiting pods they would go, unpriced, to
+		// whoever comes next in the middle of a burst.
 		c.spares = free
 		for range free {
 			mean += arrival.mean
@@ -321,9 +324,11 @@ func (v gpuView) transient(led ledger) []item {
 	for i, c := range slices.Sorted(maps.Keys(led.s.ContainerPeaks)) {
 		w := v.obs.Memory.Workloads[v.obs.workload(c)]
 		age := v.age(c)
+		cm, seen := v.obs.Memory.Containers[c]
 		switch {
-		case v.obs.Memory.Containers[c].Resident:
-			// It ran before the tuner came: a service.
+		case !seen || cm.Resident:
+			// It ran before the tuner came: a service. (Without a record,
+			// Decide without Round, nothing says it is a job.)
 		case w.Known(v.cfg) && w.Lifetime < transientAge:
 			// Its pods ran up to Lifetime; this one may end sooner.
 			out = append(out, leaving{led.running[i], max(w.Lifetime-age, 0)})
@@ -460,12 +465,18 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if sinceChange < cfg.SampleInterval {
 		return hold(ReasonCooldown, "last change %s ago, less than a sample, keeping %d replicas", sinceChange, cur)
 	}
-	if len(v.window) > 0 {
-		if adv := v.window[len(v.window)-1].ReplicasAdvertised; adv != 0 && adv != cur {
-			return hold(ReasonAwaitingApply, "%d replicas advertised, %d decided: the last change has not taken effect", adv, cur)
+	awaiting := func() (bool, Decision) {
+		if len(v.window) > 0 {
+			if adv := v.window[len(v.window)-1].ReplicasAdvertised; adv != 0 && adv != cur {
+				return true, hold(ReasonAwaitingApply, "%d replicas advertised, %d decided: the last change has not taken effect", adv, cur)
+			}
 		}
+		return false, Decision{}
 	}
 	if !ok {
+		if w, d := awaiting(); w {
+			return d
+		}
 		return hold(ReasonNoWorkload, "the GPU's total memory is unknown, nothing to size a change, keeping %d replicas", cur)
 	}
 
@@ -484,8 +495,19 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	case pressed:
 		narrowHi(cur, ReasonOngoingPressure, "%s", pressMsg)
 	case !covers(v.window, v.now.Add(-cfg.Window), v.now, cfg.SampleInterval):
+		// Not watched long enough to judge either way: only evidence moves
+		// the count.
 		narrowHi(cur, ReasonInsufficientHistory, "samples cover less than the %s window (%d samples, one every %s expected)",
 			cfg.Window, len(v.window), cfg.SampleInterval)
+		b.lo, b.loReason, b.loMessage = cur, b.hiReason, b.hiMessage
+	}
+	if w, d := awaiting(); w {
+		// The last change is still on its way: nothing is judged against
+		// a count not in effect yet (but the reasons above come first).
+		if b.hiReason != "" {
+			return hold(b.hiReason, "%s; keeping %d replicas", b.hiMessage, cur)
+		}
+		return d
 	}
 	if banned, c, at := v.banned(); banned < b.hi {
 		narrowHi(banned, ReasonRememberedOOM, "%s, still running, OOMed on a full GPU with %d pods at %s", c, banned+1, at.Format(time.RFC3339))
