@@ -11,7 +11,11 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/gpuslice/gpuslice/internal/testenv"
 	"github.com/gpuslice/gpuslice/internal/tuner/config"
@@ -161,5 +165,54 @@ func (h *harness) blockingPDB() {
 	}, metav1.CreateOptions{})
 	if err != nil {
 		h.t.Fatal(err)
+	}
+}
+
+// TestCrashLoopEvictedOncePerOOM: a pod is evicted once per loop; one that
+// comes back under the same name (a StatefulSet's) is evicted again only
+// after it OOMs again, and a loop unnamed for a policy window is forgotten.
+func TestCrashLoopEvictedOncePerOOM(t *testing.T) {
+	owner := []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "db", UID: "u", Controller: new(true)}}
+	client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "db-0", Namespace: "ml", OwnerReferences: owner}})
+	evictions := 0
+	client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		evictions++
+		return true, nil, nil // the pod stays: it came back under its name
+	})
+	cfg := testConfig(config.ModePlugin, "ev-ns")
+	cfg.Policy.EvictCrashLoops = true
+	c, err := New(Options{Config: cfg, Client: client, Source: &fakeSource{}, Recorder: record.NewFakeRecorder(100)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &work{node: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}, st: &nodeState{}}
+	now := time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)
+	for i, step := range []struct {
+		ooms    int
+		advance time.Duration
+		want    int
+	}{
+		{ooms: 2, want: 1},
+		{ooms: 2, advance: cfg.Interval, want: 1}, // the same loop: its replacement has not OOMed
+		{ooms: 3, advance: cfg.Interval, want: 2}, // it OOMed again
+		{ooms: 3, advance: cfg.Interval, want: 2},
+		{ooms: 0, advance: 2 * cfg.Policy.Window, want: 2}, // no loop named: forgotten
+		{ooms: 3, advance: cfg.Interval, want: 3},          // a loop again
+	} {
+		now = now.Add(step.advance)
+		var loops []policy.CrashLoop
+		if step.ooms > 0 {
+			loops = []policy.CrashLoop{{Container: "ml/db-0/main", GPU: "GPU-0", OOMs: step.ooms, Evict: true}}
+		}
+		c.crashLoops(t.Context(), w, loops, now)
+		if evictions != step.want {
+			t.Fatalf("step %d: %d evictions, want %d", i, evictions, step.want)
+		}
+	}
+	if got := testutil.ToFloat64(c.m.crashLoopEvictions.WithLabelValues("n", evictEvicted)); got != 3 {
+		t.Errorf("crash_loop_evictions_total{result=evicted} = %v, want 3", got)
 	}
 }
