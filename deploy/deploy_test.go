@@ -73,10 +73,12 @@ type valueSet struct {
 func valueSets() []valueSet {
 	return []valueSet{
 		{name: "default", release: "gpuslice", namespace: "gpuslice"},
-		// A live tuner: it writes only with dryRun false.
+		// A live tuner: it writes only with dryRun false; it evicts
+		// crash-looping pods only with evictCrashLoops.
 		{name: "plugin", release: "gp", namespace: "gpu-plugin", args: []string{
 			"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin",
 			"--set", "tuner.config.dryRun=false",
+			"--set", "tuner.config.policy.evictCrashLoops=true",
 		}},
 		{name: "servicemonitors-rules-dashboards", release: "mon", namespace: "gpu-mon", args: []string{
 			"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin",
@@ -1247,6 +1249,20 @@ func TestTunerConfig(t *testing.T) {
 			// A plain install must not rewrite anyone's device-plugin config.
 			if want := vs.set("tuner.config.dryRun", "true") == "true"; c.DryRun != want {
 				t.Errorf("dryRun %v, want %v", c.DryRun, want)
+			}
+			// Nor evict a pod: the right to is granted with the option only.
+			evict := vs.set("tuner.config.policy.evictCrashLoops", "false") == "true"
+			if c.Policy.EvictCrashLoops != evict {
+				t.Errorf("policy.evictCrashLoops %v, want %v", c.Policy.EvictCrashLoops, evict)
+			}
+			var granted []string
+			for _, r := range nested[[]any](t, find(t, objs, "ClusterRole", vs.fullname()+"-tuner"), "rules") {
+				if rm := r.(map[string]any); slices.Contains(strs(rm["resources"]), "pods/eviction") {
+					granted = append(granted, strs(rm["verbs"])...)
+				}
+			}
+			if want := []string{"create"}; evict != slices.Equal(granted, want) || (!evict && granted != nil) {
+				t.Errorf("evictCrashLoops %v, the ClusterRole grants %v on pods/eviction", evict, granted)
 			}
 			dp := find(t, objs, "Role", vs.fullname()+"-tuner-device-plugin")
 			if dp.GetNamespace() != c.Apply.ConfigMap.Namespace {

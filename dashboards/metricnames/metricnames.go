@@ -63,6 +63,8 @@ var Tuner = []string{
 	"gpuslice_tuner_leader",
 	// Beyond DESIGN.md: set while a node's config does not parse.
 	"gpuslice_tuner_config_invalid",
+	// Beyond DESIGN.md: what was done about crash-looping pods.
+	"gpuslice_tuner_crash_loop_evictions_total",
 }
 
 // Plugin lists the metrics gpuslice-plugin serves (DESIGN.md, "Plugin

@@ -29,11 +29,12 @@
 //     (VerifyFailed) and gpuslice_tuner_verify_failures_total, and the node
 //     is held: no further change until its allocatable or its config changes,
 //     or apply.verifyHold passes.
-//   - The time of the last change is stored with the change itself (the
-//     node's gpuslice.io/last-decision annotation in the same update as the
-//     label; the ConfigMap's gpuslice.io/last-change annotation in the same
-//     update as the key), so a new leader keeps the cooldown and never
-//     repeats a change its predecessor made.
+//   - The time and direction of the last change are stored with the change
+//     itself (the node's gpuslice.io/last-decision annotation in the same
+//     update as the label; the ConfigMap's gpuslice.io/last-change and
+//     gpuslice.io/last-change-direction annotations in the same update as
+//     the key), so a new leader keeps the cooldown, never repeats a change
+//     its predecessor made, and does not undo one before it has settled.
 //
 // A node's demand (policy.Observation.PendingRequest) comes from a
 // cluster-wide informer over the pods the scheduler could not place
@@ -92,6 +93,10 @@ const (
 	// AnnotationLastChange is, on the ConfigMap in restart mode, when the
 	// tuner last changed the key (RFC 3339).
 	AnnotationLastChange = "gpuslice.io/last-change"
+	// AnnotationLastChangeDirection is, beside AnnotationLastChange and in
+	// the same update, the direction of that change (up, down): the policy
+	// does not undo a change before it has settled.
+	AnnotationLastChangeDirection = "gpuslice.io/last-change-direction"
 	// AnnotationRestartedAt is what `kubectl rollout restart` sets on a pod
 	// template.
 	AnnotationRestartedAt = "kubectl.kubernetes.io/restartedAt"
@@ -159,6 +164,9 @@ type Controller struct {
 	// sem is how the cluster's plugin reads a config; applier writes.
 	sem     semantics
 	applier applier
+	// applyCost is what a change costs in the apply mode (the policy's
+	// Observation.Apply).
+	applyCost policy.ApplyCost
 
 	informers informers.SharedInformerFactory
 	nodes     listersv1.NodeLister
@@ -195,9 +203,14 @@ func New(o Options) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("apply.nodeSelector: %w", err)
 	}
+	cost, err := policy.ApplyCostOf(o.Config.Apply.Mode)
+	if err != nil {
+		return nil, fmt.Errorf("apply.mode: %w", err)
+	}
 	c := &Controller{
 		cfg: o.Config, client: o.Client, source: o.Source, log: o.Logger, tracer: o.Tracer,
 		rec: o.Recorder, now: o.Now, id: o.Identity, nodeSel: sel, state: map[string]*nodeState{},
+		applyCost: cost,
 	}
 	if c.log == nil {
 		c.log = slog.Default()

@@ -39,6 +39,8 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("RBAC manifest is enough and no more", func(t *testing.T) { testRBAC(t, env) })
 	t.Run("DRA node: advice, no config", func(t *testing.T) { testDRANode(t, env) })
 	t.Run("NVIDIA's config-manager", func(t *testing.T) { testNVIDIAConfigManager(t, env) })
+	t.Run("crash loops", func(t *testing.T) { testCrashLoops(t, env) })
+	t.Run("restart mode stores a change's direction", func(t *testing.T) { testRestartDirection(t, env) })
 }
 
 // pluginReads resolves a node's config the way gpuslice-plugin's

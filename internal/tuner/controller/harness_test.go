@@ -148,6 +148,10 @@ func testConfig(mode, ns string) config.Config {
 	c.Policy = policy.Config{MinReplicas: 1, MaxReplicas: 8, MaxStepUp: 1, Window: time.Minute, Cooldown: 10 * time.Minute,
 		PressureWindow: 20 * time.Second, SampleInterval: 10 * time.Second, TargetUtilization: 0.9, PressureThreshold: 0.95,
 		Remember: time.Hour, MaxWorkloads: 16}
+	// The objective's prices are the defaults: the scenarios are about
+	// writing, not about what an OOM or a change is worth.
+	d := policy.DefaultConfig()
+	c.Policy.OOMCost, c.Policy.ChangeCost, c.Policy.Settle = d.OOMCost, d.ChangeCost, d.Settle
 	c.Interval = 10 * time.Second
 	return c
 }

@@ -25,6 +25,7 @@ func TestMetricNamesMatchContract(t *testing.T) {
 	m.verifyFailures.WithLabelValues("n")
 	m.lastChange.WithLabelValues("n")
 	m.configInvalid.WithLabelValues("n")
+	m.crashLoopEvictions.WithLabelValues("n", evictEvicted)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,9 @@ type metrics struct {
 	lastChange     *prometheus.GaugeVec
 	configInvalid  *prometheus.GaugeVec
 	leader         prometheus.Gauge
+	// crashLoopEvictions counts what was done about crash-looping pods
+	// (evict.go), once per loop and outcome.
+	crashLoopEvictions *prometheus.CounterVec
 }
 
 // stepDown is what a replica does when it stops leading: it no longer
@@ -49,9 +52,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "1 when the node's existing device-plugin config does not parse, so the tuner leaves the node alone."}, []string{"node"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gpuslice_tuner_leader",
 			Help: "1 while this replica holds the leader lease and makes decisions."}),
+		crashLoopEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuslice_tuner_crash_loop_evictions_total",
+			Help: "Pods whose container OOMed again and again on a full shared GPU, by what the tuner did: evicted, or not (disabled, bare, pdb, dry_run, error). Once per loop and outcome."},
+			[]string{"node", "result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.replicas, m.recommended, m.changes, m.applyFailures, m.verifyFailures, m.lastChange, m.configInvalid, m.leader)
+		reg.MustRegister(m.replicas, m.recommended, m.changes, m.applyFailures, m.verifyFailures, m.lastChange, m.configInvalid, m.leader, m.crashLoopEvictions)
 	}
 	return m
 }
@@ -78,6 +84,9 @@ func (m *metrics) createCounters(node, resource string) {
 	m.changes.WithLabelValues(node, resource, policy.DirectionDown)
 	m.applyFailures.WithLabelValues(node)
 	m.verifyFailures.WithLabelValues(node)
+	for _, r := range evictResults {
+		m.crashLoopEvictions.WithLabelValues(node, r)
+	}
 }
 
 // forget drops the gauges of a node the tuner no longer manages; counters

@@ -18,9 +18,9 @@ import (
 
 // testPendingPod: a node with 2 replicas, 1 allocated and plenty of
 // headroom is held (a replica is free) until a pod the scheduler could not
-// place asks for 2; then it is raised. Pods that could not run on the node,
-// that the scheduler has not tried, or that ask for another resource change
-// nothing.
+// place asks for 2; then it is raised, and that raise is not undone before
+// it has settled. Pods that could not run on the node, that the scheduler
+// has not tried, or that ask for another resource change nothing.
 func testPendingPod(t *testing.T, env *testenv.Env) {
 	cfg := testConfig(config.ModePlugin, "pd-ns")
 	h := newHarness(t, env, cfg, nil)
@@ -72,7 +72,11 @@ func testPendingPod(t *testing.T, env *testenv.Env) {
 
 	h.pendingPod("pd-team", "wants-two", "", map[string]string{"pool": "pd"}, gpu, 2, unschedulable)
 	h.podsSynced()
-	want := []policy.PendingPod{{Workload: "pd-team/image/cuda", Replicas: 2}}
+	waiting, err := env.Client.CoreV1().Pods("pd-team").Get(h.ctx, "wants-two", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []policy.PendingPod{{Workload: "pd-team/image/cuda", Replicas: 2, Since: waiting.CreationTimestamp.Time}}
 	if got := h.c.pendingPods(h.getNode(node), dpconfig.GPUResource); !slices.Equal(got, want) {
 		t.Errorf("pending pods %+v, want %+v", got, want)
 	}
@@ -83,6 +87,34 @@ func testPendingPod(t *testing.T, env *testenv.Env) {
 	}
 	if key, data := pluginReads(h, node); key != "gpuslice-3" || replicasOf(t, data) != 3 {
 		t.Errorf("the plugin reads key %q with %d replicas, want gpuslice-3 with 3", key, replicasOf(t, data))
+	}
+	if r := h.record(node); r.LastChangeDirection != policy.DirectionUp {
+		t.Errorf("last decision %+v: the raise is stored without its direction", r)
+	}
+
+	// The replica is taken by a pod so large that a third would not fit:
+	// the policy would lower, but the raise (its direction stored beside
+	// its time, passed back to the policy with plugin mode's cost) is not
+	// undone before it has settled; then it is.
+	if err := env.Client.CoreV1().Pods("pd-team").Delete(h.ctx, "wants-two", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	h.podsSynced()
+	h.setAllocatable(node, dpconfig.GPUResource, 3)
+	h.src.set(node, signal{gpus: 1, used: 40 * gib, peak: 20 * gib, allocated: 2, advertised: 3})
+	h.advance(cfg.Interval)
+	h.round()
+	if r := h.record(node); r.Replicas != 3 || r.Reason != policy.ReasonSettling {
+		t.Errorf("a round after the raise: last decision %+v, want a Settling hold at 3", r)
+	}
+	cost, err := policy.ApplyCostOf(config.ModePlugin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.advance(cost.Settle(cfg.Policy))
+	h.round()
+	if r := h.record(node); r.Replicas != 2 || r.LastChangeDirection != policy.DirectionDown || !r.LastChange.Equal(h.now) {
+		t.Errorf("once settled: last decision %+v, want a lowering to 2 stored with its direction", r)
 	}
 }
 

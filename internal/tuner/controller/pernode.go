@@ -68,12 +68,12 @@ func (c *Controller) perNode(ctx context.Context, now time.Time, w *work, cm *co
 	name, label := w.node.Name, w.node.Labels[ConfigLabel]
 	c.m.configInvalid.WithLabelValues(name).Set(0)
 	replicas := cur.Replicas()
-	lastChange := w.record.lastChange()
+	lastChange, lastDirection := w.record.lastChange(), w.record.lastChangeDirection()
 	c.adopt(w, now, replicas, cur.Config())
 	c.checkVerify(w, now, replicas)
 	w.gpus = c.sem.markExclusive(base, w.gpus)
 	res := c.sem.resource(cur.Config())
-	d, span := c.decide(ctx, w, replicas, lastChange, now, c.sem.floor(base), res)
+	d, span := c.decide(ctx, w, replicas, lastChange, lastDirection, now, c.sem.floor(base), res)
 	defer span.End()
 	c.m.setReplicas(w.st, name, res, replicas, d.Replicas)
 	if !lastChange.IsZero() {
@@ -101,7 +101,8 @@ func (c *Controller) perNode(ctx context.Context, now time.Time, w *work, cm *co
 		return
 	}
 
-	rec := Record{Time: now, Replicas: d.Replicas, Recommended: d.Replicas, Direction: d.Direction, Reason: d.Reason, Message: d.Message, LastChange: &now}
+	rec := Record{Time: now, Replicas: d.Replicas, Recommended: d.Replicas, Direction: d.Direction, Reason: d.Reason, Message: d.Message,
+		LastChange: &now, LastChangeDirection: d.Direction}
 	where := fmt.Sprintf("label %s=%s", ConfigLabel, key)
 	if err := c.moveNode(ctx, name, label, key, rec); err != nil {
 		c.applyFailed(w, span, d, replicas, where, err)

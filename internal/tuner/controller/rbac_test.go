@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -29,7 +30,7 @@ func applyRBAC(t *testing.T, env *testenv.Env) {
 
 // testRBAC runs the tuner as its ServiceAccount with only the manifest's
 // rights: leader election, exporter discovery, the pending-pod informer,
-// Events, both write paths.
+// Events, both write paths, evicting a pod.
 // Then it checks a few things the tuner must not be able to do.
 func testRBAC(t *testing.T, env *testenv.Env) {
 	const tunerNS, pluginNS, cmName = "gpuslice", "nvidia-device-plugin", "nvidia-device-plugin-configs"
@@ -184,6 +185,19 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 		defer stop()
 		if err := c.Run(sctx); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "list and watch on pods") {
 			t.Errorf("Run without the pods rule: %v, want a forbidden error naming the rule", err)
+		}
+	})
+
+	// policy.evictCrashLoops: the Eviction API, never a plain delete (below).
+	t.Run("evicting a crash-looping pod", func(t *testing.T) {
+		if _, err := env.Client.CoreV1().Pods(tunerNS).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "looping", Namespace: tunerNS},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "cuda"}}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sa.CoreV1().Pods(tunerNS).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: "looping", Namespace: tunerNS}}); err != nil {
+			t.Errorf("evicting a pod as the tuner: %v", err)
 		}
 	})
 

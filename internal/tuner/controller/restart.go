@@ -24,8 +24,8 @@ const AnnotationSharedConfig = "gpuslice.io/shared-config"
 // node, so the cluster gets one count, the smallest of the nodes'
 // decisions. A node that must lower lowers everyone; a raise needs every
 // node to agree, and waits while a selected GPU node shows no signals. The
-// key and the ConfigMap's gpuslice.io/last-change annotation are written in
-// one update; then the DaemonSet's pod template gets kubectl's restartedAt
+// key and the ConfigMap's gpuslice.io/last-change and
+// gpuslice.io/last-change-direction annotations are written in one update; then the DaemonSet's pod template gets kubectl's restartedAt
 // annotation with the same time. A restart that failed (or that a previous
 // leader did not get to) is owed while restartedAt is older than
 // last-change, and is retried every round.
@@ -54,6 +54,7 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 	}
 	cur, curCfg := f.Replicas(), f.Config()
 	lastChange := annotationTime(cm.Annotations, AnnotationLastChange)
+	lastDirection := cm.Annotations[AnnotationLastChangeDirection]
 	if s := cm.Annotations[AnnotationLastChange]; s != "" && lastChange.IsZero() {
 		c.log.Warn("unreadable annotation, cooldown starts from zero", "configmap", ref.String(), "annotation", AnnotationLastChange, "value", s)
 	}
@@ -74,7 +75,7 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 		c.m.configInvalid.WithLabelValues(w.node.Name).Set(0)
 		c.adopt(w, now, cur, curCfg)
 		c.checkVerify(w, now, cur)
-		d, span := c.decide(ctx, w, cur, lastChange, now, floor, c.sem.resource(curCfg))
+		d, span := c.decide(ctx, w, cur, lastChange, lastDirection, now, floor, c.sem.resource(curCfg))
 		c.m.setReplicas(w.st, w.node.Name, c.sem.resource(curCfg), cur, d.Replicas)
 		if !lastChange.IsZero() {
 			c.m.lastChange.WithLabelValues(w.node.Name).Set(float64(lastChange.Unix()))
@@ -134,7 +135,8 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 			continue
 		}
 		c.expect(x.w, newCfg, d.Replicas, now.Add(c.cfg.Apply.VerifyTimeout))
-		c.annotate(ctx, x.w, Record{Time: now, Replicas: d.Replicas, Recommended: x.d.Replicas, Direction: d.Direction, Reason: d.Reason, Message: d.Message}, now)
+		c.annotate(ctx, x.w, Record{Time: now, Replicas: d.Replicas, Recommended: x.d.Replicas, Direction: d.Direction, Reason: d.Reason, Message: d.Message,
+			LastChangeDirection: d.Direction}, now)
 	}
 	return nil
 }
@@ -163,7 +165,7 @@ func sharedConfig(cm *corev1.ConfigMap, f *dpconfig.File) *dpconfig.File {
 }
 
 // writeKey sets the key's replicas from → to, with the last-change
-// annotation, and returns the config written (in a dry run, the config that
+// annotations (time and direction), and returns the config written (in a dry run, the config that
 // would be). It never writes over a config that does not parse, and gives
 // up with ErrStale when the key no longer holds from replicas. Lowering to
 // 1 saves the key's text; raising from 1 starts from it.
@@ -195,6 +197,10 @@ func (a restartApplier) writeKey(ctx context.Context, from, to int, stamp string
 		out = src
 		cm.Data[c.cfg.Apply.Key] = string(data)
 		cm.Annotations[AnnotationLastChange] = stamp
+		cm.Annotations[AnnotationLastChangeDirection] = policy.DirectionUp
+		if to < from {
+			cm.Annotations[AnnotationLastChangeDirection] = policy.DirectionDown
+		}
 		return nil
 	})
 	if err != nil {

@@ -25,6 +25,11 @@ type Record struct {
 	Message     string `json:"message"`
 	// LastChange is when the tuner last changed this node's count.
 	LastChange *time.Time `json:"lastChange,omitempty"`
+	// LastChangeDirection is the direction of the change at LastChange
+	// (policy.DirectionUp or DirectionDown), kept beside it so that a new
+	// leader, like this one, does not undo a change before it has settled
+	// (policy.Observation.LastDirection).
+	LastChangeDirection string `json:"lastChangeDirection,omitempty"`
 }
 
 func readRecord(s string) *Record {
@@ -51,6 +56,21 @@ func (r *Record) lastChange() time.Time {
 	return *r.LastChange
 }
 
+// lastChangeDirection is the direction of the change at lastChange, ""
+// when unknown. A record written before the field existed still knows it
+// when it was written by the change itself.
+func (r *Record) lastChangeDirection() string {
+	switch {
+	case r == nil || r.LastChange == nil:
+		return ""
+	case r.LastChangeDirection != "":
+		return r.LastChangeDirection
+	case r.LastChange.Equal(r.Time):
+		return r.Direction
+	}
+	return ""
+}
+
 // nodeState is what the controller remembers about a node between rounds.
 type nodeState struct {
 	// pending is a change waiting for the node's allocatable to follow.
@@ -65,6 +85,9 @@ type nodeState struct {
 	lastEvent string
 	// resource is the resource label of the node's gauges.
 	resource string
+	// loops is what was done about each crash-looping container of the
+	// node (evict.go), so that a loop is reported once, not every round.
+	loops map[string]loopReport
 }
 
 // expectation is what a node's allocatable must reach after a change:

@@ -19,7 +19,9 @@ const SpanDecide = "gpuslice.tuner.decide"
 // floor is the least count the node's config can take (semantics.floor);
 // resource is what the node's current config advertises its GPUs under,
 // the resource pending pods must ask for to count as its demand.
-func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, now time.Time, floor int, resource string) (policy.Decision, trace.Span) {
+// lastDirection is the direction of the change at lastChange, as stored
+// beside it.
+func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange time.Time, lastDirection string, now time.Time, floor int, resource string) (policy.Decision, trace.Span) {
 	waiting := c.waitingPods(w.node, resource)
 	pending := asPending(waiting, resource)
 	_, span := c.tracer.Start(ctx, SpanDecide, trace.WithAttributes(
@@ -29,15 +31,16 @@ func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, n
 		attribute.Bool("gpuslice.dry_run", c.cfg.DryRun),
 		attribute.String("gpuslice.resource", resource),
 		attribute.Int("gpuslice.pending_pods", len(pending)),
+		attribute.String("gpuslice.last_change_direction", lastDirection),
 	))
 	if span.IsRecording() {
 		span.SetAttributes(inputAttributes(w.gpus, lastChange, now.Add(-c.cfg.Policy.Window))...)
 	}
-	d, mem := policy.Round(c.cfg.Policy, policy.Observation{
-		Node: w.node.Name, Now: now, CurrentReplicas: cur, LastChange: lastChange, GPUs: w.gpus, Floor: floor,
-		Pending: pending, ContainerWorkloads: c.owners.containerWorkloads(ctx, now, w.gpus), Memory: c.mem.get(w.node.Name),
-	})
+	obs := c.observation(w, cur, lastChange, lastDirection, now, floor)
+	obs.Pending, obs.ContainerWorkloads = pending, c.owners.containerWorkloads(ctx, now, w.gpus)
+	d, mem := policy.Round(c.cfg.Policy, obs)
 	c.mem.put(w.node.Name, mem)
+	c.crashLoops(ctx, w, d.CrashLoops, now)
 	c.explainWaiting(w, waiting, resource, cur, d, now)
 	span.SetAttributes(
 		attribute.Int("gpuslice.replicas.decided", d.Replicas),
@@ -48,6 +51,17 @@ func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange, n
 		attribute.Int64("gpuslice.footprint_bytes", int64(d.FootprintBytes)),
 	)
 	return d, span
+}
+
+// observation is what the policy is told about a node, short of its
+// pending pods and workload names (read from the API): with what a change
+// costs in this cluster's apply mode and the direction of the last one, so
+// that a change is not undone before it has settled (ApplyCost.Settle).
+func (c *Controller) observation(w *work, cur int, lastChange time.Time, lastDirection string, now time.Time, floor int) policy.Observation {
+	return policy.Observation{
+		Node: w.node.Name, Now: now, CurrentReplicas: cur, LastChange: lastChange, LastDirection: lastDirection,
+		Apply: c.applyCost, GPUs: w.gpus, Floor: floor, Memory: c.mem.get(w.node.Name),
+	}
 }
 
 // inputAttributes summarises what Decide saw: per GPU (in the order of

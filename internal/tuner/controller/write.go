@@ -116,6 +116,9 @@ func (c *Controller) annotate(ctx context.Context, w *work, rec Record, lastChan
 	}
 	if !lastChange.IsZero() {
 		rec.LastChange = &lastChange
+		if rec.LastChangeDirection == "" && w.record.lastChange().Equal(lastChange) {
+			rec.LastChangeDirection = w.record.lastChangeDirection()
+		}
 	}
 	if old := w.record; old != nil && old.Replicas == rec.Replicas && old.Recommended == rec.Recommended && old.Reason == rec.Reason &&
 		w.node.Annotations[AnnotationReplicas] == strconv.Itoa(rec.Replicas) {
