@@ -192,8 +192,8 @@ func testPerNodeMode(t *testing.T, env *testenv.Env, mode, prefix string) {
 		if got := h.getNode(busy).ResourceVersion; got != busyRV {
 			t.Errorf("busy node written again (resourceVersion %s -> %s)", busyRV, got)
 		}
-		if r := h.record(node); r.Reason != policy.ReasonCooldown || r.LastChange == nil {
-			t.Errorf("last decision %+v, want a Cooldown hold keeping lastChange", r)
+		if r := h.record(node); r.Direction != policy.DirectionNone || r.Replicas != 5 || r.LastChange == nil {
+			t.Errorf("last decision %+v, want a hold at 5 keeping lastChange", r)
 		}
 	})
 
@@ -237,8 +237,11 @@ func testRestartMode(t *testing.T, env *testenv.Env) {
 	mine := map[string]string{"scenario": "restart"}
 	h.node("rs-a", mine, 2)
 	h.node("rs-b", mine, 4)
-	h.src.set("rs-a", headroom(1))
-	h.src.set("rs-b", headroom(2))
+	// Every replica of the cluster's count (2) taken on each GPU.
+	ra, rb := headroom(1), headroom(2)
+	ra.allocated, rb.allocated = 2, 2
+	h.src.set("rs-a", ra)
+	h.src.set("rs-b", rb)
 
 	h.round()
 	cm := h.getConfigMap()
@@ -335,12 +338,14 @@ sharing:
 		// pods (policy.Memory) and would not give it 2 again soon.
 		h.advance(11 * time.Minute)
 		back := headroom(2)
-		back.container = "ml/b/main"
+		back.container, back.allocated = "ml/b/main", 1
 		h.src.set("rs-b", back)
+		ra.allocated = 1
+		h.src.set("rs-a", ra)
 		h.node("rs-c", mine, 2) // a GPU node whose exporter is down
 		h.round()
 		if r := h.record("rs-a"); r.Reason != ReasonNodesWithoutSignals || r.Replicas != 1 || !strings.Contains(r.Message, "rs-c") {
-			t.Errorf("with rs-c silent: last decision %+v, want a NodesWithoutSignals hold at 1 naming rs-c", r)
+			t.Errorf("with rs-c silent: last decision %+v, want a NodesWithoutSignals hold at 1 naming rs-c (rs-b: %+v)", r, h.record("rs-b"))
 		}
 		if err := env.Client.CoreV1().Nodes().Delete(h.ctx, "rs-c", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
@@ -550,6 +555,10 @@ func testVerifyFailure(t *testing.T, env *testenv.Env) {
 	if label() != "gpuslice-5" {
 		t.Fatalf("first raise: label %q", label())
 	}
+	// The spare is taken at once: the policy wants another.
+	taken := headroom(2)
+	taken.allocated = 5
+	h.src.set(node, taken)
 	h.advance(10 * time.Second)
 	h.round()
 	if label() != "gpuslice-5" {

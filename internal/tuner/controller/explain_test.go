@@ -30,8 +30,8 @@ func testExplainWaiting(t *testing.T, env *testenv.Env) {
 	h.configMap(map[string]string{"default": baseConfig})
 	const node = "ex-node"
 	h.node(node, map[string]string{ConfigLabel: "gpuslice-2", "pool": "ex"}, 2)
-	// 42 of 48 GiB used by two pods: no room for a third under 90%.
-	h.src.set(node, signal{gpus: 1, used: 42 * gib, peak: 21 * gib, allocated: 2, advertised: 2})
+	// 47 of 48 GiB used by two pods: no room for a third.
+	h.src.set(node, signal{gpus: 1, used: 47 * gib, peak: 23 * gib, allocated: 2, advertised: 2})
 	h.src.setIdle(node,
 		signals.IdleHolder{Namespace: "lab", Pod: "notebook-0", Container: "jupyter", UUID: "GPU-ex-node-0", Idle: 5*time.Hour + 7*time.Minute + 3*time.Second},
 		signals.IdleHolder{Namespace: "lab", Pod: "scratch", Container: "main", UUID: "GPU-ex-node-0", Idle: 10 * time.Minute},

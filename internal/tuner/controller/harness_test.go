@@ -121,7 +121,7 @@ func (f *fakeSource) Observe(_ context.Context, now time.Time, window time.Durat
 // headroom is a node whose every replica is taken with plenty of memory
 // left: the policy raises it by one (after its cooldown).
 func headroom(gpus int) signal {
-	return signal{gpus: gpus, used: 12 * gib, peak: 6 * gib, allocated: 8}
+	return signal{gpus: gpus, used: 12 * gib, peak: 6 * gib, allocated: 4}
 }
 
 // oomed is a node with headroom, allocated replicas taken and a

@@ -356,6 +356,8 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 // the total less what the others held. The others' peaks since the previous
 // sample bound what they held at the OOM from above, so the estimate errs
 // low, towards pricing the workload as it was seen.
+// With no other container in the sample it says nothing: the pods it
+// shared the GPU with are not seen, and the whole card is no size.
 func oomNeed(s Sample, c string) uint64 {
 	var others uint64
 	for k, p := range s.ContainerPeaks {
@@ -363,7 +365,7 @@ func oomNeed(s Sample, c string) uint64 {
 			others += p
 		}
 	}
-	if s.MemoryTotalBytes <= others {
+	if s.MemoryTotalBytes <= others || others == 0 {
 		return 0
 	}
 	return s.MemoryTotalBytes - others

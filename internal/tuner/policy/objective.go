@@ -81,12 +81,17 @@ func (v gpuView) explorer(late bool) item {
 		typical := sizes{v.sizes.sorted[:max(n-1, 1)]}.quantile(0.9)
 		if v.ok && late {
 			held, _ := v.latest.held()
-			typical = min(typical, max(v.total()-held, 0)/2)
+			typical = min(typical, max((v.total()-held)/2, minExplore*v.total()))
 		}
 		p = max(p, typical)
 	}
 	return item{mean: p, sd: strangerSpread * p}
 }
+
+// minExplore is the least a pod is priced at to learn what it needs, as a
+// share of the card: a card with less free than that has no room to learn
+// in.
+const minExplore = 0.05
 
 // late says whether pending pod p came after the tuner's first look at
 // the node: a pod that waited from the start is one of the pods the node
@@ -360,20 +365,23 @@ func cmpFloat(a, b float64) int {
 }
 
 // price fills in c.cost: the expected OOMs at Config.OOMCost, less the
-// waiting it saves (each waiting pod it lets in, its patience; a spare
-// replica, a round and the apply latency for each pod that arrived in the
-// last Window: the next one starts at once instead of waiting for a
-// raise), plus the change's own cost when n is not the current count
-// (Config.ChangeCost, its latency, and its blackout for every pod that may
-// want a replica meanwhile).
+// waiting it saves (each waiting pod it lets in, its patience; spare
+// replicas, a round and the apply latency for each pod expected within
+// arrivalHorizon, and the change a raise for them would cost), plus the
+// change's own cost when n is not the current count (Config.ChangeCost,
+// its latency, and its blackout for every pod that may want a replica
+// meanwhile).
 func (v gpuView) price(c *candidate) {
 	cfg, apply := v.cfg, v.obs.Apply
+	change := cfg.ChangeCost.Seconds() + apply.Latency.Seconds() + apply.Blackout.Seconds()*float64(1+len(v.obs.Pending))
 	c.cost = cfg.OOMCost.Seconds()*c.risk - c.saved
 	if c.spares > 0 {
-		c.cost -= float64(1+v.arrivals()) * (cfg.SampleInterval + apply.Latency).Seconds()
+		// A spare replica spares the next pods a round and the apply
+		// latency each, and the change a raise for them would cost.
+		c.cost -= float64(1+v.arrivals())*(cfg.SampleInterval+apply.Latency).Seconds() + change
 	}
 	if c.n != v.cur {
-		c.cost += cfg.ChangeCost.Seconds() + apply.Latency.Seconds() + apply.Blackout.Seconds()*float64(1+len(v.obs.Pending))
+		c.cost += change
 	}
 }
 
