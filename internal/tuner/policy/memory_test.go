@@ -24,6 +24,13 @@ func TestDecideWithMemory(t *testing.T) {
 		w.Lifetime = lifetime
 		return w
 	}
+	// ended folds the sizes of pods that ended into w.
+	ended := func(w WorkloadMemory, sizes ...uint64) WorkloadMemory {
+		for _, b := range sizes {
+			w.addPod(b)
+		}
+		return w
+	}
 	obs := func(pending []PendingPod, mem map[string]WorkloadMemory) Observation {
 		o := node(4, now.Add(-time.Minute), full)
 		o.Pending, o.Memory = pending, Memory{Updated: now, Workloads: mem}
@@ -48,13 +55,16 @@ func TestDecideWithMemory(t *testing.T) {
 				map[string]WorkloadMemory{"job/embed": known(3 * GiB), "job/thumbs": known(2 * GiB)}), 7, ReasonSustainedHeadroom},
 		{"a pending pod of unknown size is priced at the largest pod running, a change a minute ago or not",
 			obs([]PendingPod{{Workload: "job/new", Replicas: 1}}, nil), 5, ReasonSustainedHeadroom},
-		{"a known pod larger than what any leaving pod frees is not handed a replica",
-			// 22.7 GiB left, 23.2 once the transcoder leaves: not 24
-			obs([]PendingPod{{Workload: "job/finetune", Replicas: 1}}, map[string]WorkloadMemory{"job/finetune": known(24 * GiB)}), 3, ReasonUnbackedReplicas},
+		{"a known pod larger than the memory left waits, and services hand no replica on",
+			// 27.5 GiB left: not 28
+			obs([]PendingPod{{Workload: "job/finetune", Replicas: 1}}, map[string]WorkloadMemory{"job/finetune": known(28 * GiB)}), 4, ReasonInsufficientHeadroom},
+		{"a known pod that fits the memory left is let in, with no margin beyond its own uncertainty",
+			// 27.5 GiB left: 24 fits
+			obs([]PendingPod{{Workload: "job/finetune", Replicas: 1}}, map[string]WorkloadMemory{"job/finetune": known(24 * GiB)}), 5, ReasonSustainedHeadroom},
 		{"a pod of a leaking service is priced at what its pods grew to over their life",
-			// small when it starts, 30 GiB a day later
+			// small when it starts, 30 GiB a day later: 27.5 GiB left
 			obs([]PendingPod{{Workload: "svc/leak", Replicas: 1}}, map[string]WorkloadMemory{"svc/leak": byAge(24*time.Hour,
-				[]time.Duration{0, 6 * time.Hour, 23 * time.Hour}, []uint64{2 * GiB, 10 * GiB, 30 * GiB})}), 3, ReasonUnbackedReplicas},
+				[]time.Duration{0, 6 * time.Hour, 23 * time.Hour}, []uint64{2 * GiB, 10 * GiB, 30 * GiB})}), 4, ReasonInsufficientHeadroom},
 		{"a job still loading is reserved at what its workload's pods reached at its age a window later",
 			// at 3 GiB 30 s in, its pods reach 9 GiB by 5 minutes: 43.2 -
 			// 20.5 - 10.5 GiB backs one more 9 GiB pod, not two
@@ -63,18 +73,19 @@ func TestDecideWithMemory(t *testing.T) {
 					[]time.Duration{0, 5 * time.Minute}, []uint64{3 * GiB, 9 * GiB})}), 6, ReasonSustainedHeadroom},
 		{"a young pod of a workload whose pods run for hours is reserved at what the largest reached by a window later",
 			// a model 2 minutes in at 6 GiB; its workload's pods held 12 GiB
-			// then and 20 GiB by 5 minutes: reserved at 20 GiB, not 6 + 8,
-			// 43.2 - 20.5 - 20 GiB backs no 7 GiB job, not even in the
-			// replica the transcoder would leave
+			// then and 20 GiB by 5 minutes: reserved at 20 GiB, not 6 + 8;
+			// 48 - 20.5 - 20 GiB leaves 7.5 GiB, a 25% chance that a 7 GiB
+			// job overflows it
 			job("ml/llm-2/serve", "svc/llm", 6*GiB, 2*time.Minute,
 				[]PendingPod{{Workload: "job/embed", Replicas: 1}}, map[string]WorkloadMemory{"job/embed": known(7 * GiB), "svc/llm": byAge(6*time.Hour,
-					[]time.Duration{0, 90 * time.Second, 5 * time.Minute}, []uint64{12 * GiB, 12 * GiB, 20 * GiB})}), 4, ReasonUnbackedReplicas},
+					[]time.Duration{0, 90 * time.Second, 5 * time.Minute}, []uint64{12 * GiB, 12 * GiB, 20 * GiB})}), 5, ReasonInsufficientHeadroom},
 		{"a young pod of a short job is reserved at its own size and its workload's growth",
-			// the same pod of a workload whose pods run 15 minutes: 6 + 8
-			// GiB leaves 8.7 GiB, room for the 7 GiB job
+			// the same pod of a workload whose pods run 15 minutes and
+			// ended at 12 GiB on average: 6 + 8 GiB leaves 13.5 GiB, room
+			// for the 7 GiB job
 			job("batch/llm-2/serve", "job/eval", 6*GiB, 2*time.Minute,
-				[]PendingPod{{Workload: "job/embed", Replicas: 1}}, map[string]WorkloadMemory{"job/embed": known(7 * GiB), "job/eval": byAge(15*time.Minute,
-					[]time.Duration{0, 90 * time.Second, 5 * time.Minute}, []uint64{12 * GiB, 12 * GiB, 20 * GiB})}), 6, ReasonSustainedHeadroom},
+				[]PendingPod{{Workload: "job/embed", Replicas: 1}}, map[string]WorkloadMemory{"job/embed": known(7 * GiB), "job/eval": ended(byAge(15*time.Minute,
+					[]time.Duration{0, 90 * time.Second, 5 * time.Minute}, []uint64{12 * GiB, 12 * GiB, 20 * GiB}), 11*GiB, 12*GiB, 13*GiB)}), 6, ReasonSustainedHeadroom},
 		{"a pod of a workload being learnt joins its first at a price twice what that one showed",
 			// the first shows 0.5 GiB; the largest pod running, 8 GiB, is
 			// more than twice that
@@ -106,13 +117,14 @@ func TestDecidePeakHold(t *testing.T) {
 		replicas int
 		reason   string
 	}{
+		// 28 GiB kept leaves 7.5 GiB: no room for an 8 GiB job
 		{"a peak left two hours ago is kept", now.Add(-2 * time.Hour), 4, ReasonInsufficientHeadroom},
 		{"a peak left seven hours ago is not", now.Add(-7 * time.Hour), 5, ReasonSustainedHeadroom},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := node(4, time.Time{}, history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks)))
 			o.Pending = []PendingPod{{Workload: "job/embed", Replicas: 1}}
-			o.Memory = Memory{Updated: now, Workloads: map[string]WorkloadMemory{"job/embed": {PeakBytes: 3 * GiB, Seen: time.Hour, LastSeen: now}},
+			o.Memory = Memory{Updated: now, Workloads: map[string]WorkloadMemory{"job/embed": {PeakBytes: 8 * GiB, Seen: time.Hour, LastSeen: now}},
 				Containers: map[string]ContainerMemory{"media/rife/rife": {FirstSeen: now.Add(-9 * time.Hour), LastSeen: now, PeakBytes: 28 * GiB, PeakAt: tc.peakAt}}}
 			d := Decide(DefaultConfig(), o)
 			if d.Replicas != tc.replicas || d.Reason != tc.reason {
@@ -145,7 +157,8 @@ func TestDecideRemembersOOMs(t *testing.T) {
 			map[string]WorkloadMemory{"media/rife/rife": func() WorkloadMemory { w := rife; w.LastOOM = now.Add(-DefaultConfig().Remember); return w }(), "job/embed": embed},
 			5, ReasonSustainedHeadroom},
 		{"a daily job that OOMed yesterday is priced at what the OOM asked for", "ml/ft",
-			map[string]WorkloadMemory{"ml/ft": ft}, 3, ReasonUnbackedReplicas},
+			// 30 GiB; 27.5 GiB left
+			map[string]WorkloadMemory{"ml/ft": ft}, 4, ReasonInsufficientHeadroom},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := node(4, now.Add(-time.Hour), roomy)
@@ -250,12 +263,12 @@ func TestRemember(t *testing.T) {
 // not.
 func TestRoundBase(t *testing.T) {
 	def := DefaultConfig()
-	// Six free replicas on the seed services, none of them backed by 8 GiB
-	// pods beyond two: the unbacked rule would go to 6.
+	// Six free replicas on the seed services and nobody waiting: the
+	// objective keeps one spare, 5.
 	roomy := history(10*time.Minute, steady(servicesUsed, 4, 10, servicePeaks))
-	// Pressure from the pods holding replicas, and fullness: the same 47
-	// GiB with or without the smallest pod (a 0.5 GiB transcoder).
-	pressed := history(10*time.Minute, steady(46*GiB, 4, 4, withPeak(servicePeaks, "media/rife/rife", 33*GiB+GiB/2)))
+	// Pressure with a free replica, and fullness: the same 47 GiB with or
+	// without the smallest pod (a 0.5 GiB transcoder).
+	pressed := history(10*time.Minute, steady(46*GiB, 4, 5, withPeak(servicePeaks, "media/rife/rife", 33*GiB+GiB/2)))
 	full := history(10*time.Minute, steady(47*GiB, 5, 5, withPeak(servicePeaks, "media/rife/rife", 34*GiB+GiB/2)))
 	tests := []struct {
 		name     string
@@ -267,12 +280,12 @@ func TestRoundBase(t *testing.T) {
 		wantBase int
 	}{
 		{"the first round takes the count it finds as the base", 0, 10, roomy, 10, ReasonFreeReplicas, 10},
-		{"raised replicas above the base are withdrawn", 4, 10, roomy, 6, ReasonUnbackedReplicas, 4},
+		{"free replicas above the base are withdrawn but for one spare", 4, 10, roomy, 5, ReasonUnbackedReplicas, 4},
 		{"withdrawal stops at the base", 8, 10, roomy, 8, ReasonUnbackedReplicas, 8},
 		{"an OOM lowers the base with the count", 8, 8, with(history(10*time.Minute, steady(servicesUsed, 8, 8, servicePeaks)), last(1),
 			func(s *Sample) { s.OOMEvents, s.MemoryUsedBytes = 1, 46*GiB }), 7, ReasonGPUOOM, 7},
-		{"pressure withdraws the tuner's bets", 3, 5, pressed, 3, ReasonMemoryPressure, 3},
-		{"pressure alone does not go below the base", 4, 4, pressed, 4, ReasonOngoingPressure, 4},
+		{"a free replica with no room for a pod is withdrawn, and the base stays", 3, 5, pressed, 4, ReasonUnbackedReplicas, 3},
+		{"a free replica with no room for a pod is kept at the base", 5, 5, pressed, 5, ReasonFreeReplicas, 5},
 		{"measured fullness without the smallest pod goes below the base, and lowers it", 5, 5, full, 4, ReasonMemoryFull, 4},
 	}
 	for _, tc := range tests {
