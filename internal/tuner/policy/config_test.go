@@ -28,6 +28,9 @@ func TestConfigValidate(t *testing.T) {
 		{"target above 1", func(c *Config) { c.TargetUtilization = 1.2 }, "targetUtilization"},
 		{"target zero", func(c *Config) { c.TargetUtilization = 0 }, "targetUtilization"},
 		{"pressure below target", func(c *Config) { c.PressureThreshold = 0.85 }, "pressureThreshold"},
+		{"an OOM that costs nothing", func(c *Config) { c.OOMCost = 0 }, "oomCost"},
+		{"a change that pays", func(c *Config) { c.ChangeCost = -time.Second }, "changeCost"},
+		{"negative settle", func(c *Config) { c.Settle = -time.Second }, "settle"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -44,6 +47,8 @@ func TestConfigValidate(t *testing.T) {
 func TestConfigFromYAML(t *testing.T) {
 	custom := DefaultConfig()
 	custom.Window, custom.MaxReplicas, custom.TargetUtilization = 30*time.Minute, 6, 0.8
+	priced := DefaultConfig()
+	priced.OOMCost, priced.ChangeCost, priced.Settle, priced.EvictCrashLoops = 2*time.Hour, time.Minute, 10*time.Minute, true
 
 	tests := []struct {
 		name    string
@@ -57,6 +62,11 @@ func TestConfigFromYAML(t *testing.T) {
 		{"keys left out keep their defaults, other sections are ignored",
 			"source: {kind: prometheus, url: http://prom:9090}\npolicy:\n  window: 30m\n  maxReplicas: 6\n  targetUtilization: 0.8\ndryRun: true\n",
 			custom, ""},
+		{"the objective's prices and eviction",
+			"policy:\n  oomCost: 2h\n  changeCost: 1m\n  settle: 10m\n  evictCrashLoops: true\n", priced, ""},
+		{"zero settle is allowed: a change may be undone at once", "policy:\n  settle: 0s\n",
+			func() Config { c := DefaultConfig(); c.Settle = 0; return c }(), ""},
+		{"oomCost must be positive", "policy:\n  oomCost: 0s\n", Config{}, "oomCost must be > 0"},
 		{"unknown key inside policy", "policy:\n  window: 30m\n  windwo: 5m\n", Config{}, `line 3: policy: unknown key "windwo"`},
 		{"duration as a bare number", "policy:\n  cooldown: 900\n", Config{}, "line 2"},
 		{"bad duration", "policy:\n  window: ten minutes\n", Config{}, "line 2: cannot unmarshal"},
