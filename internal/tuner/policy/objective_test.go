@@ -35,6 +35,12 @@ func always(peaks map[string]uint64) func(time.Time) map[string]uint64 {
 // what a container's record says (its age, whether it ran before the tuner
 // came, its OOMs in a row) is what Round built, not what a test wrote.
 func replay(cfg Config, o Observation) (Decision, Memory) {
+	o.Memory = remembered(cfg, o)
+	return Round(cfg, o)
+}
+
+// remembered is the memory of the rounds of replay before o.Now.
+func remembered(cfg Config, o Observation) Memory {
 	mem := o.Memory
 	for _, s := range o.GPUs[0].Samples {
 		if !s.Time.Before(o.Now) {
@@ -49,8 +55,7 @@ func replay(cfg Config, o Observation) (Decision, Memory) {
 		}
 		_, mem = Round(cfg, step)
 	}
-	o.Memory = mem
-	return Round(cfg, o)
+	return mem
 }
 
 // onCard is a node of one GPU at cur replicas.
