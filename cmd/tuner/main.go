@@ -18,6 +18,7 @@ import (
 const usage = `usage:
   gpuslice-tuner run --config tuner.yaml
   gpuslice-tuner simulate --trace trace.yaml [--policy tuner|static:N] [--config tuner.yaml]
+                          [--apply-mode plugin|restart|config-manager|instant] [--evict-crash-loops]
   gpuslice-tuner status [--kubeconfig F] [--exporter NODE=URL ...] [-o text|json]`
 
 // errUsage marks a command line that could not be understood.

@@ -8,20 +8,33 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 	"github.com/gpuslice/gpuslice/internal/tuner/sim"
 )
 
 // simulateCommand replays --trace under --policy and prints the sim.Result as
-// one JSON object on stdout. Of --config only the policy section is read; the
-// controller's sections are ignored so one tuner.yaml serves both commands.
+// one JSON object on stdout. Of --config only the policy section and
+// apply.mode are read; the controller's other sections are ignored so one
+// tuner.yaml serves both commands.
+//
+// --apply-mode replays what a change costs in that mode (policy.ApplyCost: a
+// new count takes effect only after its latency, and the node admits nothing
+// during its blackout); without it the config's apply.mode is replayed, so
+// a replay of a cluster's own tuner.yaml charges that cluster's costs, and
+// without either, plugin, the mode the chart installs.
 func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	tracePath := fs.String("trace", "", "trace file to replay (required)")
 	policyName := fs.String("policy", "tuner", "tuner, or static:N for a fixed replica count")
 	configPath := fs.String("config", "", "tuner.yaml whose policy section configures the tuner policy (default: built-in defaults)")
+	applyMode := fs.String("apply-mode", "", "plugin, restart, config-manager or instant: whose change latency to replay (default: the --config's apply.mode, else plugin)")
+	var evict optionalBool
+	fs.Var(&evict, "evict-crash-loops", "evict a pod that OOMs again and again (overrides the --config's policy.evictCrashLoops)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -36,6 +49,7 @@ func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer)
 	}
 
 	cfg := policy.DefaultConfig()
+	mode := policy.ModePlugin
 	if *configPath != "" {
 		data, err := os.ReadFile(*configPath)
 		if err != nil {
@@ -44,6 +58,26 @@ func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer)
 		if cfg, err = policy.ConfigFromYAML(data); err != nil {
 			return fmt.Errorf("simulate: --config %s: %w", *configPath, err)
 		}
+		m, err := configApplyMode(data)
+		if err != nil {
+			return fmt.Errorf("simulate: --config %s: %w", *configPath, err)
+		}
+		if m != "" {
+			mode = m
+		}
+	}
+	if *applyMode != "" {
+		mode = *applyMode
+	}
+	cost, err := policy.ApplyCostOf(mode)
+	if err != nil {
+		if *applyMode != "" {
+			return fmt.Errorf("%w: simulate: --apply-mode: %w", errUsage, err)
+		}
+		return fmt.Errorf("simulate: --config %s: apply.mode: %w", *configPath, err)
+	}
+	if evict.set {
+		cfg.EvictCrashLoops = evict.value
 	}
 	pol, err := sim.ParsePolicy(*policyName, cfg)
 	if err != nil {
@@ -53,7 +87,9 @@ func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
-	res, err := sim.Run(tr, pol)
+	// A static policy never changes the count, so the mode costs it
+	// nothing; it is passed anyway so that the output names the mode.
+	res, err := sim.RunWith(tr, pol, sim.Options{Apply: cost})
 	if err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
@@ -61,3 +97,43 @@ func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer)
 	enc.SetIndent("", "  ")
 	return enc.Encode(res)
 }
+
+// configApplyMode is tuner.yaml's apply.mode, "" when it sets none. It reads
+// that one key leniently: a tuner.yaml whose controller sections are
+// incomplete for `run` (no ConfigMap named, say) still configures a replay.
+func configApplyMode(data []byte) (string, error) {
+	var doc struct {
+		Apply struct {
+			Mode string `yaml:"mode"`
+		} `yaml:"apply"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return "", err
+	}
+	return doc.Apply.Mode, nil
+}
+
+// optionalBool is a boolean flag that knows whether it was given, so that
+// --evict-crash-loops overrides the config only when it is on the command
+// line (either way: --evict-crash-loops=false turns off what the config
+// turned on).
+type optionalBool struct{ set, value bool }
+
+func (b *optionalBool) String() string {
+	if b == nil {
+		return "false"
+	}
+	return strconv.FormatBool(b.value)
+}
+
+func (b *optionalBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	b.set, b.value = true, v
+	return nil
+}
+
+// IsBoolFlag lets the flag be given without a value.
+func (*optionalBool) IsBoolFlag() bool { return true }

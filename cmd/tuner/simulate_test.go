@@ -130,3 +130,141 @@ func TestDispatch(t *testing.T) {
 		t.Errorf("help: %v, printed %q", err, out.String())
 	}
 }
+
+// writeFile writes body to name in a fresh temporary folder.
+func writeFile(t *testing.T, name, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestSimulateApplyMode: the replay charges the apply mode's latency per
+// change and reports it with the issue-21 keys; the mode comes from
+// --apply-mode, else the config's apply.mode, else plugin.
+func TestSimulateApplyMode(t *testing.T) {
+	restartCfg := writeFile(t, "tuner.yaml", "apply:\n  mode: restart\npolicy:\n  window: 5m\n")
+	// apply.mode alone, with none of the sections `run` needs.
+	cmCfg := writeFile(t, "cm.yaml", "apply: {mode: config-manager}\n")
+	tests := []struct {
+		name    string
+		args    []string
+		mode    string
+		latency float64 // seconds per change
+	}{
+		{"default", nil, "plugin", 10},
+		{"config's apply.mode", []string{"--config", restartCfg}, "restart", 11},
+		{"config with apply.mode only", []string{"--config", cmCfg}, "config-manager", 6},
+		{"flag over config", []string{"--config", restartCfg, "--apply-mode", "instant"}, "instant", 0},
+		{"flag", []string{"--apply-mode", "config-manager"}, "config-manager", 6},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			stdout, err := simulate(t, append([]string{"--trace", trace("queue.yaml")}, tc.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			obj := decodeOne(t, stdout)
+			for _, k := range []string{"applyLatencySeconds", "blackoutSeconds", "reversals", "maxOOMsInARow", "evictions"} {
+				if _, ok := obj[k].(float64); !ok {
+					t.Errorf("%s = %v (%T), want a number", k, obj[k], obj[k])
+				}
+			}
+			if _, ok := obj["oomsPerContainer"].(map[string]any); !ok {
+				t.Errorf("oomsPerContainer = %v (%T), want an object", obj["oomsPerContainer"], obj["oomsPerContainer"])
+			}
+			if obj["applyMode"] != tc.mode {
+				t.Errorf("applyMode = %v, want %s", obj["applyMode"], tc.mode)
+			}
+			changes := obj["replicaChanges"].(float64)
+			if changes == 0 {
+				t.Fatalf("no change on queue.yaml: nothing to charge")
+			}
+			if got := obj["applyLatencySeconds"]; got != changes*tc.latency {
+				t.Errorf("applyLatencySeconds = %v, want %v changes × %vs", got, changes, tc.latency)
+			}
+		})
+	}
+
+	// A static policy never changes, so no mode costs it anything; the
+	// output still names the mode.
+	stdout, err := simulate(t, "--trace", trace("queue.yaml"), "--policy", "static:3", "--apply-mode", "restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if obj := decodeOne(t, stdout); obj["applyMode"] != "restart" || obj["applyLatencySeconds"] != 0.0 || obj["blackoutSeconds"] != 0.0 {
+		t.Errorf("static:3 in restart mode: applyMode %v, latency %v, blackout %v; want restart, 0, 0",
+			obj["applyMode"], obj["applyLatencySeconds"], obj["blackoutSeconds"])
+	}
+}
+
+func TestSimulateBadApplyMode(t *testing.T) {
+	stdout, err := simulate(t, "--trace", trace("tiny.yaml"), "--apply-mode", "rolling")
+	if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), "--apply-mode") || !strings.Contains(err.Error(), `"rolling"`) {
+		t.Errorf("err = %v, want a usage error naming --apply-mode and the value", err)
+	}
+	if stdout != "" {
+		t.Errorf("printed %q on failure", stdout)
+	}
+	cfg := writeFile(t, "tuner.yaml", "apply:\n  mode: rolling\n")
+	_, err = simulate(t, "--trace", trace("tiny.yaml"), "--config", cfg)
+	if err == nil || !strings.Contains(err.Error(), "tuner.yaml") || !strings.Contains(err.Error(), "apply.mode") {
+		t.Errorf("err = %v, want one naming the config and apply.mode", err)
+	}
+	// A valid flag replaces the config's bad mode: the flag is what is
+	// replayed.
+	if _, err := simulate(t, "--trace", trace("tiny.yaml"), "--config", cfg, "--apply-mode", "plugin"); err != nil {
+		t.Errorf("--apply-mode plugin over a config's unknown mode: %v", err)
+	}
+}
+
+// crashLoop is issue 21's third failure in small: three 4 GiB services on
+// 24 GiB and a job admitted at the operator's 4 while it held 2 GiB, which
+// grows to 14 GiB three minutes into each attempt: 12 + 14 > 24, so it OOMs
+// on every attempt, restarted in place, whatever the count.
+const crashLoop = `gpu: {memoryTotalBytes: 25769803776}
+initialReplicas: 4
+duration: 2h
+pods:
+  - {name: svc-a, arrive: 0s, run: 2h, memory: [[0s, 4294967296]]}
+  - {name: svc-b, arrive: 0s, run: 2h, memory: [[0s, 4294967296]]}
+  - {name: svc-c, arrive: 0s, run: 2h, memory: [[0s, 4294967296]]}
+  - {name: job, arrive: 1m, run: 90m, memory: [[0s, 2147483648], [3m, 15032385536]]}
+`
+
+func TestSimulateEvictCrashLoops(t *testing.T) {
+	tr := writeFile(t, "loop.yaml", crashLoop)
+	evictCfg := writeFile(t, "evict.yaml", "policy:\n  evictCrashLoops: true\n")
+	tests := []struct {
+		name  string
+		args  []string
+		evict bool
+	}{
+		{"off by default", nil, false},
+		{"flag", []string{"--evict-crash-loops"}, true},
+		{"config", []string{"--config", evictCfg}, true},
+		{"flag off over config", []string{"--config", evictCfg, "--evict-crash-loops=false"}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			stdout, err := simulate(t, append([]string{"--trace", tr}, tc.args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			obj := decodeOne(t, stdout)
+			evictions, row := obj["evictions"].(float64), obj["maxOOMsInARow"].(float64)
+			ooms, _ := obj["oomsPerContainer"].(map[string]any)
+			if tc.evict && (evictions < 1 || row > 2) {
+				t.Errorf("with eviction: %v evictions, %v OOMs in a row (per container %v); want >= 1 and <= 2", evictions, row, ooms)
+			}
+			if !tc.evict && (evictions != 0 || row <= 2) {
+				t.Errorf("without eviction: %v evictions, %v OOMs in a row (per container %v); want 0 and a loop of more than 2", evictions, row, ooms)
+			}
+			if ooms["job"] == nil || ooms["svc-a"] != nil {
+				t.Errorf("oomsPerContainer = %v, want the job's OOMs only", ooms)
+			}
+		})
+	}
+}
