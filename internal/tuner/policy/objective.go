@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"os"
+	"strconv"
 	"slices"
 	"time"
 )
@@ -74,8 +75,18 @@ func (v gpuView) explorer(late bool) item {
 			p = max(p, float64(max(peak, cm.size())))
 		}
 	}
-	for _, b := range v.obs.Memory.Sizes {
-		p = max(p, float64(b))
+	if q := os.Getenv("GPUSLICE_Q"); q != "" {
+		var ended []float64
+		for _, b := range v.obs.Memory.Sizes {
+			ended = append(ended, float64(b))
+		}
+		slices.Sort(ended)
+		f, _ := strconv.ParseFloat(q, 64)
+		p = max(p, sizes{ended}.quantile(f))
+	} else {
+		for _, b := range v.obs.Memory.Sizes {
+			p = max(p, float64(b))
+		}
 	}
 	if n := len(v.sizes.sorted); n > 0 {
 		typical := sizes{v.sizes.sorted[:max(n-1, 1)]}.quantile(0.9)

@@ -258,12 +258,17 @@ func (v gpuView) full(led ledger) (int, string) {
 // run of a daily job included, are priced at it instead of being held at a
 // count that a smaller mix would have fitted (on family-48g-leaky a ban of
 // the leaking service's workload at 4 held every job out for the second
-// day). It returns math.MaxInt when nothing holds.
+// day). The ban lasts PeakHold, as long as the ledger holds the peak
+// that pod reached: a service that OOMed once while loading a model
+// (on-demand models, generated seed 54) and then runs for two days would
+// otherwise hold the node below that count, and 228 pods out, for its
+// whole life, while the ledger already prices what it showed. It returns
+// math.MaxInt when nothing holds.
 func (v gpuView) banned() (int, string, time.Time) {
 	limit, who, when := math.MaxInt, "", time.Time{}
 	for c := range v.window[len(v.window)-1].ContainerPeaks {
 		w, ok := v.obs.Memory.Workloads[v.obs.workload(c)]
-		if !ok || w.OOMAllocated == 0 || w.OOMContainer != c || v.now.Sub(w.LastOOM) >= v.cfg.Remember {
+		if !ok || w.OOMAllocated == 0 || w.OOMContainer != c || v.now.Sub(w.LastOOM) >= min(v.cfg.Remember, PeakHold) {
 			continue
 		}
 		if w.OOMAllocated-1 < limit || (w.OOMAllocated-1 == limit && c < who) {
