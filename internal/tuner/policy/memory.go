@@ -41,6 +41,8 @@ type Memory struct {
 	// distribution, not its largest member: one 40 GiB model must not
 	// price every small job at 40 GiB.
 	Sizes []uint64 `json:"sizes,omitempty"`
+	// SizesAt are when each of Sizes was last seen (the same order).
+	SizesAt []time.Time `json:"sizesAt,omitempty"`
 	// Since is the tuner's first look at the node: containers seen within
 	// two samples of it were running before it came (ContainerMemory.Resident).
 	Since time.Time `json:"since,omitzero"`
@@ -206,7 +208,7 @@ func (w WorkloadMemory) Known(cfg Config) bool { return w.Seen >= cfg.Window && 
 // under its own key: it still prices itself while it runs.
 func Remember(cfg Config, mem Memory, obs Observation) Memory {
 	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads), Base: mem.Base, Containers: maps.Clone(mem.Containers),
-		Sizes: slices.Clone(mem.Sizes), Arrivals: slices.Clone(mem.Arrivals), LastOOM: mem.LastOOM, Since: mem.Since}
+		Sizes: slices.Clone(mem.Sizes), SizesAt: slices.Clone(mem.SizesAt), Arrivals: slices.Clone(mem.Arrivals), LastOOM: mem.LastOOM, Since: mem.Since}
 	if out.Since.IsZero() {
 		out.Since = obs.Now
 	}
@@ -228,8 +230,11 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 		return w
 	}
 	for _, g := range obs.GPUs {
+		var prevUsed uint64
 		for _, s := range g.Samples {
+			used := s.MemoryUsedBytes
 			if !s.Time.After(mem.Updated) || s.Time.After(obs.Now) {
+				prevUsed = used
 				continue
 			}
 			newest = later(newest, s.Time)
@@ -262,11 +267,19 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 				out.Workloads[wl] = w
 			}
 			alloc := s.ReplicasAllocated
+			prevUsed, used = used, prevUsed // used: the sample before, for the OOMs below
 			if alloc < 2 || g.Exclusive {
 				continue // a lone pod's OOM would happen at any count
 			}
 			for _, o := range s.OOMs {
 				if o.Container == "" || o.Kind == OOMCap || o.Kind == OOMEncoderSession {
+					continue
+				}
+				if o.Kind == OOMUnknown && float64(max(s.MemoryUsedBytes, used)) < cfg.PressureThreshold*float64(s.MemoryTotalBytes) {
+					// The source does not say the device was full, and
+					// the GPU was not (at the OOM's sample or the one
+					// before, the failed process may be gone): not a
+					// sharing OOM.
 					continue
 				}
 				wl := obs.workload(o.Container)
@@ -312,7 +325,7 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 	for _, k := range ended {
 		c := out.Containers[k]
 		if size := c.size(); size > 0 {
-			out.Sizes = append(out.Sizes, size)
+			out.Sizes, out.SizesAt = append(out.Sizes, size), append(out.SizesAt, c.LastSeen)
 			wl := cmp.Or(c.Workload, obs.workload(k))
 			if w, ok := out.Workloads[wl]; ok {
 				w = record(wl)
@@ -327,6 +340,9 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 	}
 	if len(out.Sizes) > maxSizes {
 		out.Sizes = slices.Clone(out.Sizes[len(out.Sizes)-maxSizes:])
+	}
+	if len(out.SizesAt) > len(out.Sizes) {
+		out.SizesAt = slices.Clone(out.SizesAt[len(out.SizesAt)-len(out.Sizes):])
 	}
 	if len(out.Containers) > cfg.MaxWorkloads {
 		keys := slices.SortedFunc(maps.Keys(out.Containers), func(a, b string) int {

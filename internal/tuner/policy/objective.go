@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"os"
-	"strconv"
 	"slices"
 	"time"
 )
@@ -20,7 +18,16 @@ func (v gpuView) nodeSizes() sizes {
 	for _, b := range v.obs.Memory.Sizes {
 		out = append(out, float64(b))
 	}
-	for c, p := range v.peaks {
+	// Every GPU of the node: a pod that comes may land on any of them.
+	peaks := map[string]uint64{}
+	for _, g := range v.obs.GPUs {
+		for _, s := range within(g.Samples, v.now.Add(-v.cfg.Window), v.now) {
+			for c, p := range s.ContainerPeaks {
+				peaks[c] = max(peaks[c], p)
+			}
+		}
+	}
+	for c, p := range peaks {
 		out = append(out, float64(max(p, v.obs.Memory.Containers[c].size())))
 	}
 	out = slices.DeleteFunc(out, func(b float64) bool { return b <= 0 })
@@ -75,16 +82,10 @@ func (v gpuView) explorer(late bool) item {
 			p = max(p, float64(max(peak, cm.size())))
 		}
 	}
-	if q := os.Getenv("GPUSLICE_Q"); q != "" {
-		var ended []float64
-		for _, b := range v.obs.Memory.Sizes {
-			ended = append(ended, float64(b))
-		}
-		slices.Sort(ended)
-		f, _ := strconv.ParseFloat(q, 64)
-		p = max(p, sizes{ended}.quantile(f))
-	} else {
-		for _, b := range v.obs.Memory.Sizes {
+	for i, b := range v.obs.Memory.Sizes {
+		// A pod that came and went within PeakHold: a fine-tune in the
+		// morning says nothing of the night's strangers.
+		if i >= len(v.obs.Memory.SizesAt) || v.now.Sub(v.obs.Memory.SizesAt[i]) <= PeakHold {
 			p = max(p, float64(b))
 		}
 	}
@@ -261,6 +262,11 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	c := candidate{n: n}
 	total := float64(led.s.MemoryTotalBytes)
 	a := led.s.ReplicasAllocated
+	if a == 0 && len(led.running) > 0 {
+		// Pods run but the source does not say how many replicas they
+		// hold (no PodResources): every replica may be taken.
+		a = max(v.cur, len(led.running))
+	}
 	mean, vr := led.held()
 	c.risk = overflow(total, mean, vr)
 	if n < a {
@@ -507,6 +513,9 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 			b.hi, b.hiReason, b.hiMessage = max(to, cur), reason, fmt.Sprintf(format, args...)
 		}
 	}
+	if cur >= cfg.MaxReplicas {
+		narrowHi(cur, ReasonAtMaximum, "%d replicas is maxReplicas", cur)
+	}
 	pressed, _, pressMsg := v.pressure()
 	switch {
 	case oi.incidents > 0:
@@ -557,9 +566,6 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 		if n == cur {
 			at = c
 		}
-		if debugObjective {
-			fmt.Printf("    n=%d risk=%.4f admitted=%d spares=%d cost=%.0f\n", n, c.risk, c.admitted, c.spares, c.cost)
-		}
 		if n == b.lo || c.cost < best.cost || (c.cost == best.cost && abs(n-cur) < abs(best.n-cur)) {
 			best = c
 		}
@@ -586,15 +592,17 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 			Message: fmt.Sprintf("%s; %s (at %d: %.2g%%), lowering %d -> %d", state, why(best), cur, 100*at.risk, cur, best.n)})
 	}
 	// Keeping the count: say what held a change.
+	pending := len(v.obs.Pending)
 	next := v.weigh(led, q, cur+1)
 	v.price(&next)
 	switch {
+	case b.hiReason == ReasonAtMaximum && !(pending > 0 && at.admitted < len(q) && at.admitted < cur-led.s.ReplicasAllocated):
+		return hold(b.hiReason, "%s; keeping %d replicas", b.hiMessage, cur)
 	case b.hi <= cur && b.hiReason != "" && next.cost < at.cost:
 		return hold(b.hiReason, "%s; keeping %d replicas", b.hiMessage, cur)
 	case b.lo >= cur && b.loReason != "" && cur > 1 && v.cheaper(led, q, cur-1, at):
 		return hold(b.loReason, "%s; keeping %d replicas", b.loMessage, cur)
 	}
-	pending := len(v.obs.Pending)
 	switch {
 	case pending > 0 && at.admitted < len(q) && at.admitted < cur-led.s.ReplicasAllocated:
 		// Replicas are free but the next pod is not let in: it is the
@@ -630,6 +638,3 @@ func prices(q []demand) string {
 }
 
 func abs(n int) int { return max(n, -n) }
-
-// debugObjective prints every candidate (a tool for replays).
-var debugObjective = os.Getenv("GPUSLICE_DEBUG_OBJECTIVE") != ""
