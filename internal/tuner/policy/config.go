@@ -39,9 +39,8 @@ type Config struct {
 	// before it is known, and how far ahead a running pod's growth is
 	// reserved.
 	Window time.Duration `yaml:"window"`
-	// Cooldown is the least time between a change and a spare replica (a
-	// raise with every replica taken and nobody waiting); raises for
-	// waiting pods do not wait for it.
+	// Cooldown is kept so that configurations that set it stay valid; the
+	// objective's change cost and Settle replaced it, and it is not read.
 	Cooldown time.Duration `yaml:"cooldown"`
 	// PressureWindow is how long memory pressure must last before a lowering,
 	// and the least time between a change and a lowering for pressure.
@@ -52,9 +51,10 @@ type Config struct {
 	// more than two intervals apart: one lost scrape is tolerated, a longer
 	// gap is time nobody watched.
 	SampleInterval time.Duration `yaml:"sampleInterval"`
-	// TargetUtilization is the fraction of a GPU's memory that the running
-	// pods' reservations and the pods a raise admits may fill; the rest is
-	// the margin for growth no record foresaw.
+	// TargetUtilization is the fraction of a GPU's memory the OOM rule's
+	// "the measured footprints fit" and the DRA memory advice leave room
+	// under; the objective uses the measured variability of sizes instead
+	// of a fixed margin.
 	TargetUtilization float64 `yaml:"targetUtilization"`
 	// PressureThreshold is the used/total ratio that counts as pressure,
 	// and as fullness when the pods holding replicas reach it even without

@@ -6,66 +6,41 @@
 // simulate` replays traces through the very same Round. docs/tuner-policy.md
 // gives the rules with the measurements behind them.
 //
-// The count is an admission gate priced in memory: a waiting pod takes the
-// first replica free, and a lowering stops no running pod, so a replica is
-// handed out only when the memory the running pods may still need leaves
-// room for the pod that takes it.
+// # The objective
 //
-// # Workload memory
+// The count is the only lever on admission: a waiting pod takes the first
+// replica free, and a lowering stops no running pod. Each round every count
+// the node may take is weighed: a forecast of the running pods (what each
+// holds and may still need), the waiting pods in queue order (priced from
+// their workload's record, or, for a workload never seen, from the sizes
+// this node has seen) and the pods not here yet (for spare replicas and for
+// the replicas departing jobs hand on) gives the expected number of OOMs,
+// each pod a mean and a measured uncertainty; the count with the lowest
+// cost wins, where an OOM costs Config.OOMCost, a pod let in saves a Window
+// of waiting, a spare saves the next pods a round and the apply latency,
+// and a change costs Config.ChangeCost plus its apply mode's latency and
+// blackout (ApplyCost, measured on the real node).
 //
-// Memory keeps, per workload key (owner, else image): its largest peak, how
-// long it was watched (a workload watched for a Window is known), what its
-// pods held by age (PeakByAge, a sharing OOM counting as the total less what
-// the others held), the longest its pods ran, and its last sharing OOM; per
-// running container, its age and own peak; and the node's base, the count
-// the tuner found, lowered only by evidence.
+// # Evidence and holds
 //
-// # The ledger
-//
-// Each running container is reserved at the most it used in the window; at
-// its own peak if it reached that within PeakHold; at what it holds plus the
-// growth its workload's pods showed from its age to a Window later; in its
-// first Window, for a workload whose pods run longer than two Windows, at
-// what the largest of them reached by then; and, in its first Window when
-// its workload is not known, at least at a stranger's price. Memory no
-// container accounts for is reserved at its most in the window. The budget
-// is TargetUtilization × total less the reservations.
-//
-// A pending pod of a known workload is priced at what its pods grew to over
-// their lifetime (at least a Window); a stranger at the largest peak in the
-// window of a container still running on the node (the footprint).
-//
-// # Rules
+// A GPU OOM that sharing caused, measured fullness, a crash loop being
+// evicted and maxReplicas lower at once, below the count the tuner found
+// (Memory.Base) if need be; the objective never lowers below it. No raise
+// with a sharing OOM in the window, under sustained pressure, before the
+// window is covered, at maxReplicas, or for the container that OOMed with
+// that many pods within PeakHold. Nothing is judged while the last change
+// is still on its way. A change is not undone before it has settled (its
+// latency plus Config.Settle) unless an OOM came since.
 //
 // Each GPU is judged on its own; the node gets the smallest answer of its
-// GPUs. GPUs the config leaves out of time-slicing are not judged.
+// GPUs. GPUs the config leaves out of time-slicing are not judged. Below the
+// minimum (MinReplicas, or Observation.Floor for a renamed resource) the
+// count is raised to it at once. Replicas 1 means exclusive: the applier
+// writes a config without `sharing`.
 //
-// Lowering on evidence, at once, below the base if need be: a GPU OOM that
-// sharing caused (to the count the measured footprints fit, never above the
-// allocation at the OOM less one; a crash loop is one incident); measured
-// fullness (the pods holding replicas fill PressureThreshold without the
-// smallest of them, for PressureWindow: allocated − 1); above MaxReplicas.
-//
-// Lowering on a guess, never below the base: memory pressure (one less than
-// the pods holding replicas); with pods waiting, the count stops at the pods
-// the budget backs in queue order, and at allocated − 1 when not even the
-// smallest running pod's leaving makes room for the next; with nobody
-// waiting, free replicas the budget has not backed at a stranger's price
-// for a whole Window are given back.
-//
-// Raising: for waiting pods, to allocated plus the longest queue prefix the
-// budget backs, several at once, bounded by MaxStepUp and MaxReplicas; a pod
-// of a workload still being learnt joins its first pod only at a price at
-// least twice what that one showed. With every replica taken and nobody
-// waiting, one spare replica when the budget backs a stranger, Cooldown
-// after the last change. No raise with a sharing OOM in the window, under
-// pressure, before the window is covered, or before the last change is
-// advertised; the container that OOMed on a full GPU with A pods is not
-// given A again while it runs.
-//
-// Below the minimum (MinReplicas, or Observation.Floor for a renamed
-// resource) the count is raised to it at once. Replicas 1 means exclusive:
-// the applier writes a config without `sharing`.
+// Containers that OOM twice in a row on a full shared GPU are reported in
+// Decision.CrashLoops; with Config.EvictCrashLoops the controller evicts
+// them (the second lever: the count cannot end a loop).
 //
 // Samples with MemoryTotalBytes 0 (total unknown) prove neither headroom nor
 // pressure.
@@ -99,7 +74,6 @@ const (
 	ReasonUnbackedReplicas     = "UnbackedReplicas"     // down: free replicas the memory left could not back
 	ReasonMemoryFull           = "MemoryFull"           // down: the pods holding replicas fill the GPU to the pressure threshold even without the smallest
 	ReasonLearning             = "Learning"             // hold: the next pod's workload is still being learnt from its first pod
-	ReasonObjective            = "Objective"            // up or down: the count with the lowest predicted cost
 	ReasonSettling             = "Settling"             // hold: the last change has not settled, and no OOM since says it was wrong
 	ReasonCrashLoop            = "CrashLoop"            // down: a container OOMs again and again on a full GPU
 )
