@@ -21,6 +21,7 @@ func demoPolicy() policy.Config {
 	c.Window = 6 * time.Second
 	c.Cooldown = 6 * time.Second
 	c.PressureWindow = 3 * time.Second
+	c.Settle = 6 * time.Second
 	return c
 }
 
@@ -36,6 +37,10 @@ type tunerLoop struct {
 	cfg        policy.Config
 	out        io.Writer
 	lastChange time.Time
+	// lastDirection and mem are carried between rounds as the controller
+	// carries them.
+	lastDirection string
+	mem           policy.Memory
 }
 
 func newTunerLoop(node *simnode.Node, url string, out io.Writer) (*tunerLoop, error) {
@@ -57,13 +62,18 @@ func (l *tunerLoop) step(ctx context.Context) (policy.Decision, error) {
 		return policy.Decision{}, err
 	}
 	g := l.node.GPUs[0]
-	d := policy.Decide(l.cfg, policy.Observation{
-		Node: l.node.Name, Now: now, CurrentReplicas: g.Replicas, LastChange: l.lastChange, GPUs: obs[l.node.Name],
+	// Round, as the controller calls it: the workload memory carried from
+	// round to round is what tells a service that ran before the tuner came
+	// from a job that came since.
+	d, mem := policy.Round(l.cfg, policy.Observation{
+		Node: l.node.Name, Now: now, CurrentReplicas: g.Replicas, LastChange: l.lastChange, LastDirection: l.lastDirection,
+		GPUs: obs[l.node.Name], Memory: l.mem,
 	})
+	l.mem = mem
 	if d.Replicas != g.Replicas {
 		fmt.Fprintf(l.out, "tuner: %s %d → %d (%s): %s\n", map[string]string{"up": "raise", "down": "lower"}[d.Direction], g.Replicas, d.Replicas, d.Reason, d.Message)
 		g.Replicas = d.Replicas
-		l.lastChange = now
+		l.lastChange, l.lastDirection = now, d.Direction
 		if err := l.node.Sync(); err != nil {
 			return d, err
 		}
