@@ -54,7 +54,7 @@ gpuslice_container_gpu_memory_limit_bytes{container="torch",gpu="0",namespace="m
 gpuslice_container_gpu_memory_used_bytes{container="app",gpu="1",namespace="ml",pod="sliced",uuid="%[2]s"} 3.221225472e+09
 gpuslice_container_gpu_memory_used_bytes{container="jax",gpu="0",namespace="ml",pod="nolimit",uuid="%[1]s"} 2.147483648e+09
 gpuslice_container_gpu_memory_used_bytes{container="torch",gpu="0",namespace="ml",pod="train",uuid="%[1]s"} 6.442450944e+09
-# HELP gpuslice_container_gpu_utilization_ratio Share of the GPU's SMs the container's processes kept busy in the last sample period (0..1).
+# HELP gpuslice_container_gpu_utilization_ratio Share of the GPU's SMs the container's processes kept busy since the previous reading, over the window of gpuslice_gpu_utilization_ratio (0..1); a GPU's containers add up to no more than it.
 # TYPE gpuslice_container_gpu_utilization_ratio gauge
 gpuslice_container_gpu_utilization_ratio{container="app",gpu="1",namespace="ml",pod="sliced",uuid="%[2]s"} 0.25
 # HELP gpuslice_gpu_mps_server_memory_used_bytes %[4]s
