@@ -358,7 +358,7 @@ apply:
 		t.Fatal(err)
 	}
 	began := time.Now()
-	testproc.Start(t, "gpuslice-tuner", nil, testproc.Build(t, "cmd/tuner"), "run", "--config="+cfg,
+	tuner := testproc.Start(t, "gpuslice-tuner", nil, testproc.Build(t, "cmd/tuner"), "run", "--config="+cfg,
 		"--kubeconfig="+n.Kubeconfig, "--web.listen-address="+testproc.FreeAddr(t))
 	testproc.Eventually(t, 240*time.Second, time.Second, func() string {
 		if l := configLabel(t); l != "gpuslice-3" {
@@ -379,7 +379,12 @@ apply:
 	}
 
 	// A node the tuner never labelled: NVIDIA's pod restarted without the
-	// label must still find its config among several keys.
+	// label must still find its config among several keys. The tuner is
+	// stopped first: it would give the unlabelled node, every replica of
+	// its 2 taken, a spare again.
+	if err := tuner.Stop(); err != nil {
+		t.Logf("stopping the tuner: %v", err)
+	}
 	setLabel(t, "")
 	zero := int64(0)
 	pods, err := n.Client.CoreV1().Pods(nvidiaNS).List(ctx, metav1.ListOptions{})

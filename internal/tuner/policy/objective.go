@@ -125,8 +125,9 @@ func (v gpuView) total() float64 {
 type demand struct {
 	item
 	replicas int
-	// patience is the waiting it saves by being let in now: a Window, the
-	// least a pod not let in waits for the count to move again.
+	// patience is the waiting it saves by being let in now: a Window, or
+	// the settle time if longer: the least a pod not let in waits for the
+	// count to move again.
 	patience float64
 	// known: priced from its workload's record; learning: a sibling of a
 	// pod still being learnt; explore: the first pod of a workload never
@@ -163,7 +164,7 @@ func (v gpuView) queue(led ledger) []demand {
 	stranger := v.sizes.stranger()
 	out := make([]demand, 0, len(v.obs.Pending))
 	for _, p := range v.obs.Pending {
-		d := demand{replicas: max(p.Replicas, 1), patience: v.cfg.Window.Seconds()}
+		d := demand{replicas: max(p.Replicas, 1), patience: max(v.cfg.Window, v.cfg.Settle).Seconds()}
 
 		w := v.obs.Memory.Workloads[p.Workload]
 		s, sibling := shown[p.Workload]
