@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
@@ -361,25 +362,15 @@ func (v gpuView) transient(led ledger) []item {
 	}
 	slices.SortStableFunc(out, func(a, b leaving) int {
 		if a.in != b.in {
-			return cmpFloat(float64(a.in), float64(b.in))
+			return cmp.Compare(a.in, b.in)
 		}
-		return cmpFloat(a.mean, b.mean)
+		return cmp.Compare(a.mean, b.mean)
 	})
 	items := make([]item, len(out))
 	for i, l := range out {
 		items[i] = l.item
 	}
 	return items
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // price fills in c.cost: the expected OOMs at Config.OOMCost, less the
