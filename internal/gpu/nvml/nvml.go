@@ -330,14 +330,7 @@ func (b *Backend) optional(uuid, call string, ret nvml.Return) (ok bool, err err
 	case gpuGone(ret):
 		return false, &callError{call, ret}
 	}
-	k := reading{uuid, call}
-	b.mu.Lock()
-	logged := b.failing[k]
-	b.failing[k] = true
-	b.mu.Unlock()
-	if !logged {
-		b.log.Warn("nvml: GPU reading failed; left empty until it answers", "uuid", uuid, "reading", call, "error", ret.Error())
-	}
+	b.warnOnce(uuid, call, ret, "nvml: GPU reading failed; left empty until it answers")
 	return false, nil
 }
 

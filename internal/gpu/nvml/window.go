@@ -87,13 +87,19 @@ func (b *Backend) readUtilization(h nvml.Device, uuid string) (util float64, win
 // fellBack logs, once until it answers again, a reading that failed and
 // was replaced by another.
 func (b *Backend) fellBack(uuid, call string, ret nvml.Return) {
+	b.warnOnce(uuid, call, ret, "nvml: GPU reading failed; using NVML's last sample period instead until it answers")
+}
+
+// warnOnce logs msg for a failing reading of a GPU once, until the reading
+// answers again (whoever clears b.failing[reading{uuid, call}]).
+func (b *Backend) warnOnce(uuid, call string, ret nvml.Return, msg string) {
 	k := reading{uuid, call}
 	b.mu.Lock()
 	logged := b.failing[k]
 	b.failing[k] = true
 	b.mu.Unlock()
 	if !logged {
-		b.log.Warn("nvml: GPU reading failed; using NVML's last sample period instead until it answers", "uuid", uuid, "reading", call, "error", ret.Error())
+		b.log.Warn(msg, "uuid", uuid, "reading", call, "error", ret.Error())
 	}
 }
 
