@@ -13,7 +13,7 @@ COMMANDS := exporter tuner plugin
 GOTEST_FLAGS ?= -count=1 -timeout 45m
 VERSION ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' deploy/helm/gpuslice/Chart.yaml)
 
-.PHONY: help build test test-deps unit bench bench-scrape test-gpu demo lint fmt vet dashboards manifests test-bins image image-import image-docker clean
+.PHONY: help build test test-deps unit bench bench-scrape test-gpu test-gpu-bundle demo lint fmt vet dashboards manifests test-bins image image-import image-docker clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -75,6 +75,12 @@ bench-scrape: build ## gpuslice-exporter's CPU and memory per scrape next to nod
 
 test-gpu: ## on a machine with an NVIDIA GPU (root, cgroup v2, Python with PyTorch; JAX/CuPy optional): real processes in pod cgroups against the exporter and plugin; elsewhere says why it did not run
 	$(GO) run ./test/gpu $(TEST_GPU_FLAGS)
+
+test-gpu-bundle: ## build test-gpu, the programs and node_exporter into .gpu/ for a GPU machine without Go: run `.gpu/test-gpu -bin .gpu -node-exporter .gpu/node_exporter` there, in the repository's root
+	@mkdir -p .gpu
+	$(GO) build -trimpath -ldflags="-s -w" -o .gpu/test-gpu ./test/gpu
+	@for c in exporter plugin; do $(GO) build -trimpath -ldflags="-s -w" -o .gpu/gpuslice-$$c ./cmd/$$c || exit 1; done
+	@ne=$$(command -v $(NODE_EXPORTER) || true); if [ -n "$$ne" ]; then cp "$$ne" .gpu/node_exporter; else echo "no $(NODE_EXPORTER): the cost check will skip node_exporter"; fi
 
 lint: fmt vet ## gofmt and go vet
 

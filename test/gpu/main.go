@@ -43,6 +43,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,7 +52,24 @@ import (
 
 type options struct {
 	out, python, nodeExporter string
+	bin, only                 string
 	scrapes                   int
+}
+
+// checks are the groups of checks, in the order they run; -only picks some.
+var checks = []string{"plugin", "memory", "shares", "oom", "guardrails", "cost", "mps"}
+
+// wants reports whether -only selects the group.
+func (o options) wants(group string) bool {
+	if o.only == "" {
+		return true
+	}
+	for _, g := range strings.Split(o.only, ",") {
+		if strings.TrimSpace(g) == group {
+			return true
+		}
+	}
+	return false
 }
 
 func main() {
@@ -60,7 +78,15 @@ func main() {
 	flag.StringVar(&o.python, "python", "python3", "Python with PyTorch (JAX and CuPy optional).")
 	flag.StringVar(&o.nodeExporter, "node-exporter", "prometheus-node-exporter", "node_exporter binary for the cost comparison; skipped when missing.")
 	flag.IntVar(&o.scrapes, "scrapes", 200, "Scrapes of each exporter in the cost check.")
+	flag.StringVar(&o.bin, "bin", "", "Folder with gpuslice-exporter and gpuslice-plugin built already (for a machine without Go); empty builds them with go build.")
+	flag.StringVar(&o.only, "only", "", "Comma-separated groups of checks to run, of "+strings.Join(checks, ", ")+"; empty runs all.")
 	flag.Parse()
+	for _, g := range strings.Split(o.only, ",") {
+		if g = strings.TrimSpace(g); g != "" && !slices.Contains(checks, g) {
+			fmt.Fprintf(os.Stderr, "test-gpu: -only: no group %q (groups: %s)\n", g, strings.Join(checks, ", "))
+			os.Exit(2)
+		}
+	}
 	if reason := cannotRun(o.python); reason != "" {
 		fmt.Println("test-gpu: NOT RUN (nothing was tested): " + reason)
 		return
@@ -110,6 +136,23 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
+// versions names the frameworks python holds, with their versions.
+func versions(python string) string {
+	out, err := exec.Command(python, "-c", `
+import importlib.metadata as m
+v = []
+for d in ("torch", "jax", "jaxlib", "cupy-cuda13x", "cupy-cuda12x", "numba-cuda", "numba"):
+    try:
+        v.append(d + " " + m.version(d))
+    except Exception:
+        pass
+print(", ".join(v))`).Output()
+	if err != nil {
+		return python + ": " + err.Error()
+	}
+	return strings.TrimSpace(string(out))
+}
+
 // hasModule reports whether python can import mod.
 func hasModule(python, mod string) bool {
 	return exec.Command(python, "-c", "import "+mod).Run() == nil
@@ -121,6 +164,7 @@ type env struct {
 	node        *node
 	exporter    string // base URL
 	exporterPID int
+	bin         string
 	uuid        string
 	totalMiB    uint64
 	scrapeN     int
@@ -132,42 +176,49 @@ func run(ctx context.Context, o options) ([]row, error) {
 	}
 	var rows []row
 	add := func(r ...row) { rows = append(rows, r...) }
-	bin := filepath.Join(o.out, "bin")
-	for _, c := range []string{"exporter", "plugin"} {
-		build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, "gpuslice-"+c), "./cmd/"+c)
-		if out, err := build.CombinedOutput(); err != nil {
-			return rows, fmt.Errorf("build %s: %v\n%s", c, err, out)
+	bin := o.bin
+	if bin == "" {
+		bin = filepath.Join(o.out, "bin")
+		for _, c := range []string{"exporter", "plugin"} {
+			build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(bin, "gpuslice-"+c), "./cmd/"+c)
+			if out, err := build.CombinedOutput(); err != nil {
+				return rows, fmt.Errorf("build %s: %v\n%s", c, err, out)
+			}
 		}
 	}
 	workload, err := filepath.Abs(filepath.Join("test", "gpu", "workload.py"))
 	if err != nil {
 		return rows, err
 	}
-	out, err := exec.Command("nvidia-smi", "--query-gpu=uuid,memory.total", "--format=csv,noheader,nounits").Output()
+	out, err := exec.Command("nvidia-smi", "--query-gpu=uuid,memory.total,name,driver_version", "--format=csv,noheader,nounits").Output()
 	if err != nil {
 		return rows, fmt.Errorf("nvidia-smi --query-gpu: %w", err)
 	}
 	f := strings.Split(firstLine(string(out)), ",")
-	e := &env{o: o, uuid: strings.TrimSpace(f[0])}
+	e := &env{o: o, uuid: strings.TrimSpace(f[0]), bin: bin}
 	if len(f) > 1 {
 		e.totalMiB, _ = strconv.ParseUint(strings.TrimSpace(f[1]), 10, 64)
 	}
+	add(row{"GPU", pass, strings.Join(strings.Fields(strings.ReplaceAll(firstLine(string(out)), ",", " ")), " ") + "; " + versions(o.python)})
 	if e.node, err = startNode(ctx, o.out, e.uuid, o.python, workload); err != nil {
 		return rows, err
 	}
 	defer e.node.removePods()
 
 	// The plugin first: its allocation's env is the guardrails env.
-	plog, _ := os.Create(filepath.Join(o.out, "plugin.log"))
-	defer plog.Close()
-	pr, err := runPlugin(ctx, filepath.Join(bin, "gpuslice-plugin"), o.out, e.node.podResourcesSocket(), plog)
-	switch {
-	case err != nil:
-		add(row{"plugin finds the GPUs", fail, err.Error()})
-	case len(pr.Devices) == 0:
-		add(row{"plugin finds the GPUs", fail, "advertised no device"})
-	default:
-		add(row{"plugin finds the GPUs", pass, fmt.Sprintf("%d replica IDs advertised, allocation env %d variables", len(pr.Devices), len(pr.Env))})
+	var pr *pluginResult
+	if o.wants("plugin") || o.wants("guardrails") {
+		plog, _ := os.Create(filepath.Join(o.out, "plugin.log"))
+		pr, err = runPlugin(ctx, filepath.Join(bin, "gpuslice-plugin"), o.out, e.node.podResourcesSocket(), timeSliced, plog)
+		plog.Close()
+		switch {
+		case err != nil:
+			add(row{"plugin finds the GPUs", fail, err.Error()})
+		case len(pr.Devices) == 0:
+			add(row{"plugin finds the GPUs", fail, "advertised no device"})
+		default:
+			add(row{"plugin finds the GPUs", pass, fmt.Sprintf("%d replica IDs advertised, allocation env %d variables", len(pr.Devices), len(pr.Env))})
+		}
 	}
 
 	stopExporter, err := e.startExporter(ctx, bin)
@@ -176,19 +227,30 @@ func run(ctx context.Context, o options) ([]row, error) {
 	}
 	defer stopExporter()
 	add(e.checkHealthz())
-	add(e.checkMemory(ctx)...)
-	for _, k := range []int{1, 2, 4} {
-		add(e.checkShares(ctx, k))
+	if o.wants("memory") {
+		add(e.checkMemory(ctx)...)
 	}
-	for _, fw := range []struct{ mod, mode string }{{"torch", "oom-torch"}, {"jax", "oom-jax"}, {"cupy", "oom-cupy"}} {
-		add(e.checkOOM(ctx, fw.mod, fw.mode))
+	if o.wants("shares") {
+		for _, k := range []int{1, 2, 4} {
+			add(e.checkShares(ctx, k))
+		}
 	}
-	if pr != nil && len(pr.Env) > 0 {
-		add(e.checkGuardrails(ctx, pr.Env)...)
-	} else {
-		add(row{"guardrails: JAX on the GPU at its share", skip, "no env from gpuslice-plugin"})
+	if o.wants("oom") {
+		add(e.checkOOMs(ctx)...)
 	}
-	add(e.checkCost(ctx)...)
+	if o.wants("guardrails") {
+		if pr != nil && len(pr.Env) > 0 {
+			add(e.checkGuardrails(ctx, pr.Env)...)
+		} else {
+			add(row{"guardrails: JAX on the GPU at its share", fail, "no env from gpuslice-plugin"})
+		}
+	}
+	if o.wants("cost") {
+		add(e.checkCost(ctx)...)
+	}
+	if o.wants("mps") {
+		add(e.checkMPS(ctx)...)
+	}
 	return rows, nil
 }
 
@@ -369,11 +431,11 @@ func (e *env) checkShares(ctx context.Context, k int) row {
 	if _, err := waitApps(ctx, pids, 120*time.Second); err != nil {
 		return row{name, fail, err.Error()}
 	}
-	time.Sleep(10 * time.Second) // past the start-up, into the loop
+	time.Sleep(6 * time.Second) // past the start-up, into the loop
 	if _, err := e.scrape(fmt.Sprintf("busy%d-open", k)); err != nil {
 		return row{name, fail, err.Error()}
 	}
-	out, err := exec.CommandContext(ctx, "nvidia-smi", "pmon", "-s", "u", "-d", "1", "-c", "15").Output()
+	out, err := exec.CommandContext(ctx, "nvidia-smi", "pmon", "-s", "u", "-d", "1", "-c", "12").Output()
 	_ = os.WriteFile(filepath.Join(e.o.out, fmt.Sprintf("pmon-%d.txt", k)), out, 0o644)
 	if err != nil {
 		return row{name, fail, "nvidia-smi pmon: " + err.Error()}
@@ -405,44 +467,110 @@ func (e *env) checkShares(ctx context.Context, k int) row {
 	return row{name, st, fmt.Sprintf("exporter/pmon %s; containers %.2f ≤ GPU %.2f", strings.Join(details, " "), total, gpuUtil)}
 }
 
-// checkOOM runs a process that runs out of GPU memory and checks the
-// exporter counts it once.
-func (e *env) checkOOM(ctx context.Context, mod, mode string) row {
+// checkOOMs runs, side by side, one process per framework that runs out
+// of GPU memory, and checks the exporter counts each once (with the kind
+// the catalogue gives it, where the exporter labels one).
+func (e *env) checkOOMs(ctx context.Context) []row {
 	defer e.node.removePods()
-	name := "OOM counted once: " + mod
-	if !hasModule(e.o.python, mod) {
-		return row{name, skip, mod + " not installed"}
+	type run struct {
+		mod, mode string
+		p         *pod
+		err       string
 	}
-	p, err := e.node.addPod("oom-"+mod, nil, mode)
-	if err != nil {
-		return row{name, fail, err.Error()}
+	var runs []*run
+	var rows []row
+	for _, fw := range []struct{ mod, mode string }{{"torch", "oom-torch"}, {"jax", "oom-jax"}, {"cupy", "oom-cupy"}, {"numba", "oom-numba"}} {
+		if !hasModule(e.o.python, fw.mod) {
+			rows = append(rows, row{"OOM counted once: " + fw.mod, skip, fw.mod + " not installed"})
+			continue
+		}
+		r := &run{mod: fw.mod, mode: fw.mode}
+		var err error
+		if r.p, err = e.node.addPod("oom-"+fw.mod, nil, fw.mode); err != nil {
+			r.err = err.Error()
+		}
+		runs = append(runs, r)
 	}
-	if code := p.wait(180 * time.Second); code != 3 {
-		return row{name, fail, fmt.Sprintf("workload exit %d, want 3 (an OOM); log %s", code, p.logFile)}
+	for _, r := range runs {
+		if r.err != "" {
+			continue
+		}
+		if code := r.p.wait(180 * time.Second); code != 3 {
+			r.err = fmt.Sprintf("workload exit %d, want 3 (an OOM); log %s", code, r.p.logFile)
+		}
 	}
-	var got float64
+	counted := func(m map[string][]series, p *pod) (float64, string) {
+		var kinds []string
+		for _, s := range m["gpuslice_gpu_oom_events_total"] {
+			if s.Labels["pod"] == p.Name && s.Labels["namespace"] == namespace {
+				kinds = append(kinds, s.Labels["kind"])
+			}
+		}
+		return sum(m, "gpuslice_gpu_oom_events_total", podLabels(p)), strings.Join(kinds, ",")
+	}
+	// Every log is written by now; the exporter reads them within its
+	// interval. Wait for the last, then once more for a second count.
 	deadline := time.Now().Add(45 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		m, err := e.scrape("oom-" + mod)
+		m, err := e.scrape("oom")
 		if err != nil {
-			return row{name, fail, err.Error()}
+			return append(rows, row{"OOM counted once", fail, err.Error()})
 		}
-		got = sum(m, "gpuslice_gpu_oom_events_total", podLabels(p))
-		if got >= 1 {
+		all := true
+		for _, r := range runs {
+			if n, _ := counted(m, r.p); r.err == "" && n < 1 {
+				all = false
+			}
+		}
+		if all {
 			break
 		}
 		time.Sleep(2 * time.Second)
 	}
 	time.Sleep(5 * time.Second) // a second count would show by now
-	m, err := e.scrape("oom-" + mod + "-again")
+	m, err := e.scrape("oom-again")
 	if err != nil {
-		return row{name, fail, err.Error()}
+		return append(rows, row{"OOM counted once", fail, err.Error()})
 	}
-	again := sum(m, "gpuslice_gpu_oom_events_total", podLabels(p))
-	if got != 1 || again != 1 {
-		return row{name, fail, fmt.Sprintf("counted %.0f then %.0f, want 1", got, again)}
+	for _, r := range runs {
+		name := "OOM counted once: " + r.mod
+		if r.err != "" {
+			rows = append(rows, row{name, fail, r.err})
+			continue
+		}
+		n, kinds := counted(m, r.p)
+		line := lastOOMLine(r.p.logFile)
+		if n != 1 {
+			rows = append(rows, row{name, fail, fmt.Sprintf("counted %.0f, want 1; log: %s", n, line)})
+			continue
+		}
+		detail := "1"
+		if kinds != "" {
+			detail += " (kind " + kinds + ")"
+		}
+		rows = append(rows, row{name, pass, detail + ": " + line})
 	}
-	return row{name, pass, "1"}
+	return rows
+}
+
+// lastOOMLine is the last line of a pod's log that names an out-of-memory
+// error, cut to 100 characters: what the exporter was to count.
+func lastOOMLine(file string) string {
+	b, _ := os.ReadFile(file)
+	last := ""
+	for _, l := range strings.Split(string(b), "\n") {
+		if low := strings.ToLower(l); strings.Contains(low, "out of memory") || strings.Contains(l, "RESOURCE_EXHAUSTED") || strings.Contains(l, "OUT_OF_MEMORY") {
+			last = l
+		}
+	}
+	// Drop the CRI prefix: time, stream, tag.
+	if f := strings.SplitN(last, " ", 4); len(f) == 4 {
+		last = f[3]
+	}
+	if len(last) > 100 {
+		last = last[:100] + "…"
+	}
+	return last
 }
 
 // checkGuardrails runs JAX with the plugin's guardrails env: on the GPU,
@@ -457,32 +585,58 @@ func (e *env) checkGuardrails(ctx context.Context, guard map[string]string) []ro
 	totalGiB := float64(e.totalMiB) / 1024
 	var rows []row
 
+	// Side by side, each small: the guardrails alone, then with either of
+	// JAX's fraction names set by the pod itself (the kubelet puts the pod's
+	// env after the plugin's); JAX must stay on the GPU in every case. Then
+	// the documented opt-in (docs/plugin.md): the program passes
+	// GPUSLICE_GPU_MEMORY_FRACTION on, and JAX is refused past its share but
+	// not within it.
 	func() {
 		defer e.node.removePods()
-		small, err := e.node.addPod("jax-small", genv, "jax-share", "1")
-		if err != nil {
-			rows = append(rows, row{"guardrails: JAX stays on the GPU", fail, err.Error()})
-			return
+		frac, _ := strconv.ParseFloat(guard["GPUSLICE_GPU_MEMORY_FRACTION"], 64)
+		type run struct {
+			name string
+			p    *pod
+			want int
+			err  error
+			note string
 		}
-		code := small.wait(180 * time.Second)
-		log, _ := os.ReadFile(small.logFile)
-		st := pass
-		if code != 0 || !bytes.Contains(log, []byte("platform gpu")) {
-			st = fail
+		runs := []*run{
+			{name: "guardrails: JAX stays on the GPU", want: 0},
+			{name: "guardrails + pod's XLA_CLIENT_MEM_FRACTION: JAX on the GPU", want: 0},
+			{name: "guardrails + pod's XLA_PYTHON_CLIENT_MEM_FRACTION: JAX on the GPU", want: 0},
+			{name: "guardrails opt-in: JAX runs within its share", want: 0},
+			{name: "guardrails opt-in: JAX refused past its share", want: 3},
 		}
-		rows = append(rows, row{"guardrails: JAX stays on the GPU", st, fmt.Sprintf("exit %d, env %s", code, strings.Join(genv, " "))})
-
-		big, err := e.node.addPod("jax-big", genv, "jax-share", strconv.FormatFloat(totalGiB*0.6, 'f', 1, 64))
-		if err != nil {
-			rows = append(rows, row{"guardrails: JAX held at its share", fail, err.Error()})
-			return
+		within := totalGiB * frac * 0.5
+		past := totalGiB * min(frac*2, 0.6)
+		runs[0].p, runs[0].err = e.node.addPod("jax-guard", genv, "jax-share", "1")
+		runs[1].p, runs[1].err = e.node.addPod("jax-guard-new", append(slices.Clone(genv), "XLA_CLIENT_MEM_FRACTION=0.3"), "jax-share", "1")
+		runs[2].p, runs[2].err = e.node.addPod("jax-guard-old", append(slices.Clone(genv), "XLA_PYTHON_CLIENT_MEM_FRACTION=0.3"), "jax-share", "1")
+		runs[3].p, runs[3].err = e.node.addPod("jax-optin-within", genv, "jax-optin", strconv.FormatFloat(within, 'f', 1, 64))
+		runs[3].note = fmt.Sprintf("%.1f GiB, half its share %.3f", within, frac)
+		runs[4].p, runs[4].err = e.node.addPod("jax-optin-past", genv, "jax-optin", strconv.FormatFloat(past, 'f', 1, 64))
+		runs[4].note = fmt.Sprintf("%.1f GiB, past its share %.3f", past, frac)
+		for _, r := range runs {
+			if r.err != nil {
+				rows = append(rows, row{r.name, fail, r.err.Error()})
+				continue
+			}
+			code := r.p.wait(180 * time.Second)
+			log, _ := os.ReadFile(r.p.logFile)
+			st := pass
+			if code != r.want || !bytes.Contains(log, []byte("platform gpu")) {
+				st = fail
+			}
+			detail := fmt.Sprintf("exit %d (want %d), %s", code, r.want, firstMatch(log, "platform "))
+			if r.note != "" {
+				detail += "; " + r.note
+			}
+			if code != r.want {
+				detail += "; log " + r.p.logFile
+			}
+			rows = append(rows, row{r.name, st, detail})
 		}
-		code = big.wait(180 * time.Second)
-		st = pass
-		if code != 3 {
-			st = fail
-		}
-		rows = append(rows, row{"guardrails: JAX held at its share", st, fmt.Sprintf("%.0f GiB (60%% of the card) exit %d, want 3 (refused)", totalGiB*0.6, code)})
 	}()
 
 	neighbour := func(withGuard bool) (int, error) {
@@ -517,6 +671,17 @@ func (e *env) checkGuardrails(ctx context.Context, guard map[string]string) []ro
 			fmt.Sprintf("exit %d, want 3 (OOM: JAX preallocated 75%%)", code)})
 	}
 	return rows
+}
+
+// firstMatch is the first line of a CRI log holding text, without the CRI
+// prefix, or "no \"text\" line".
+func firstMatch(log []byte, text string) string {
+	for _, l := range strings.Split(string(log), "\n") {
+		if i := strings.Index(l, text); i >= 0 {
+			return l[i:]
+		}
+	}
+	return fmt.Sprintf("no %q line", text)
 }
 
 // waitLog waits until a pod's log holds text.

@@ -221,6 +221,16 @@ func (p *pod) wait(d time.Duration) int {
 	}
 }
 
+// running reports whether p's process has not ended.
+func (p *pod) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
 func (p *pod) stop() {
 	if p.cmd != nil && p.cmd.Process != nil {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -142,5 +144,29 @@ func TestCannotRunWithoutDriver(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	if got := cannotRun("python3"); !strings.Contains(got, "no nvidia-smi") {
 		t.Errorf("cannotRun = %q, want it to name the missing nvidia-smi", got)
+	}
+}
+
+// The MPS check runs the chart's own daemon script: it must be found in
+// the template, whole, with every /mps path moved under the root given.
+func TestChartDaemonScript(t *testing.T) {
+	template, err := os.ReadFile(filepath.Join("..", "..", chartTemplate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := chartDaemonScript(template, "/tmp/tgmps1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"set -eu", "nvidia-cuda-mps-control -d", "touch /tmp/tgmps1/$0/.started", "trap stop TERM INT", "CUDA_MPS_PIPE_DIRECTORY=/tmp/tgmps1/$res/pipe"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("script lacks %q:\n%s", want, script)
+		}
+	}
+	if strings.Contains(script, "/mps/") || strings.Contains(script, "env:") {
+		t.Errorf("script keeps a /mps path or runs past its block:\n%s", script)
+	}
+	if _, err := chartDaemonScript([]byte("kind: DaemonSet\n"), "/tmp/x"); err == nil {
+		t.Error("a template without the container gave a script")
 	}
 }

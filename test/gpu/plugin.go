@@ -30,18 +30,35 @@ func (r *registrar) Register(_ context.Context, req *pluginapi.RegisterRequest) 
 }
 
 // pluginResult is what gpuslice-plugin answered: the devices it
-// advertised and the env of an allocation of one of them.
+// advertised, and for each allocation asked for (one container each) the
+// env and mounts it gave.
 type pluginResult struct {
 	Devices []*pluginapi.Device
-	Env     map[string]string
+	Env     map[string]string // the first allocation's
+	Allocs  []*pluginapi.ContainerAllocateResponse
 }
 
-// runPlugin starts gpuslice-plugin on the real GPU with 4 replicas and the
-// memory guardrails for resource, registered with a kubelet of our own,
-// and asks it, as the kubelet would, for its devices and for the
-// allocation of the first. The env is the plugin's own: whatever names it
-// sets today, test-gpu gives the pods those.
-func runPlugin(ctx context.Context, bin, dir, podResourcesSocket string, logf *os.File) (*pluginResult, error) {
+// pluginRun says how to start gpuslice-plugin: its config file's text,
+// extra flags, and how many containers to allocate one device each.
+type pluginRun struct {
+	config string
+	args   []string
+	allocs int
+}
+
+// timeSliced is the plugin with 4 time-slicing replicas and the memory
+// guardrails for resource: its allocation's env is the guardrails env.
+var timeSliced = pluginRun{
+	config: "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: " + resource + "\n        replicas: 4\n",
+	args:   []string{"--memory-guardrails=" + resource},
+	allocs: 1,
+}
+
+// runPlugin starts gpuslice-plugin on the real GPU as run says, registered
+// with a kubelet of our own, and asks it, as the kubelet would, for its
+// devices and for the allocations. The env is the plugin's own: whatever
+// names it sets today, test-gpu gives the pods those.
+func runPlugin(ctx context.Context, bin, dir, podResourcesSocket string, run pluginRun, logf *os.File) (*pluginResult, error) {
 	sockDir, err := os.MkdirTemp("", "tgdp")
 	if err != nil {
 		return nil, err
@@ -57,15 +74,23 @@ func runPlugin(ctx context.Context, bin, dir, podResourcesSocket string, logf *o
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
-	config := filepath.Join(dir, "plugin-config.yaml")
-	if err := os.WriteFile(config, []byte("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: "+resource+"\n        replicas: 4\n"), 0o644); err != nil {
+	config, err := os.CreateTemp(dir, "plugin-config-*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	_, err = config.WriteString(run.config)
+	if cerr := config.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "--gpu.backend=nvml", "--device-plugin.path="+sockDir,
-		"--kubelet.pod-resources-socket="+podResourcesSocket, "--config-file="+config,
-		"--memory-guardrails="+resource, "--web.listen-address=127.0.0.1:0", "--node-name="+nodeName)
+	args := append([]string{"--gpu.backend=nvml", "--device-plugin.path=" + sockDir,
+		"--kubelet.pod-resources-socket=" + podResourcesSocket, "--config-file=" + config.Name(),
+		"--web.listen-address=127.0.0.1:0", "--node-name=" + nodeName}, run.args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -93,17 +118,20 @@ func runPlugin(ctx context.Context, bin, dir, podResourcesSocket string, logf *o
 		return nil, fmt.Errorf("ListAndWatch: %w", err)
 	}
 	res := &pluginResult{Devices: list.Devices, Env: map[string]string{}}
-	if len(list.Devices) == 0 {
+	if len(list.Devices) < run.allocs {
 		return res, nil
 	}
-	resp, err := client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{list.Devices[0].ID}}}})
-	if err != nil {
-		return nil, fmt.Errorf("Allocate: %w", err)
+	req := &pluginapi.AllocateRequest{}
+	for i := range run.allocs {
+		req.ContainerRequests = append(req.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: []string{list.Devices[i].ID}})
 	}
-	for _, c := range resp.ContainerResponses {
-		for k, v := range c.Envs {
-			res.Env[k] = v
-		}
+	resp, err := client.Allocate(ctx, req)
+	if err != nil {
+		return res, fmt.Errorf("Allocate: %w", err)
+	}
+	res.Allocs = resp.ContainerResponses
+	if len(res.Allocs) > 0 {
+		res.Env = res.Allocs[0].Envs
 	}
 	return res, nil
 }

@@ -7,8 +7,11 @@ would hold it), 2 on anything else.
 
     python3 workload.py hold-torch GIB SECONDS     # hold GIB of memory, idle
     python3 workload.py busy-torch SECONDS         # matmul loop, SM busy
-    python3 workload.py oom-torch | oom-jax | oom-cupy
+    python3 workload.py hold-busy-torch GIB SECONDS  # both
+    python3 workload.py oom-torch | oom-jax | oom-cupy | oom-numba
     python3 workload.py jax-share GIB              # platform, then allocate GIB
+    python3 workload.py jax-optin GIB              # the same, after passing
+        # GPUSLICE_GPU_MEMORY_FRACTION to JAX as docs/plugin.md says to
     python3 workload.py hold-jax GIB SECONDS       # JAX arrays of GIB, held
 """
 import sys
@@ -30,8 +33,13 @@ def hold_torch(gib, seconds):
     return 0
 
 
-def busy_torch(seconds):
+def busy_torch(seconds, hold_gib=0):
     import torch
+    if hold_gib:
+        x = torch.empty(int(hold_gib * (1 << 30)), dtype=torch.uint8, device="cuda")
+        x.fill_(1)
+        torch.cuda.synchronize()
+        out("holding", hold_gib, "GiB on", torch.cuda.get_device_name(0))
     a = torch.randn(4096, 4096, device="cuda")
     b = torch.randn(4096, 4096, device="cuda")
     out("busy on", torch.cuda.get_device_name(0))
@@ -78,6 +86,27 @@ def oom_cupy():
     return 0
 
 
+def oom_numba():
+    import numpy as np
+    from numba import cuda
+    free, total = cuda.current_context().get_memory_info()
+    try:
+        cuda.device_array(total * 2, dtype=np.uint8)
+    except Exception as e:  # CudaAPIError, numba's and numba-cuda's
+        traceback.print_exc(file=sys.stdout)
+        return 3 if "OUT_OF_MEMORY" in str(e) or "out of memory" in str(e).lower() else 2
+    return 0
+
+
+def jax_optin(gib):
+    import os
+    # docs/plugin.md's recipe: the program passes the plugin's share to JAX
+    # under the name it uses, unless it set one already.
+    if "XLA_CLIENT_MEM_FRACTION" not in os.environ:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", os.environ["GPUSLICE_GPU_MEMORY_FRACTION"])
+    return jax_share(gib)
+
+
 def jax_share(gib):
     import jax
     import jax.numpy as jnp
@@ -113,12 +142,18 @@ def main(argv):
             return hold_torch(float(argv[2]), float(argv[3]))
         if mode == "busy-torch":
             return busy_torch(float(argv[2]))
+        if mode == "hold-busy-torch":
+            return busy_torch(float(argv[3]), float(argv[2]))
         if mode == "oom-torch":
             return oom_torch()
         if mode == "oom-jax":
             return oom_jax()
         if mode == "oom-cupy":
             return oom_cupy()
+        if mode == "oom-numba":
+            return oom_numba()
+        if mode == "jax-optin":
+            return jax_optin(float(argv[2]))
         if mode == "jax-share":
             return jax_share(float(argv[2]))
         if mode == "hold-jax":
