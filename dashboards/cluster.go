@@ -100,10 +100,10 @@ func Cluster() (dashboard.Dashboard, error) {
 	b.WithRow(dashboard.NewRowBuilder("CUDA out of memory")).
 		WithPanel(bars("CUDA OOMs per node", "Out-of-memory events in pods, per interval.", 8, 12).
 			WithTarget(target("A", `sum by (node) (increase(gpuslice_gpu_oom_events_total{`+podSel+`}[$__rate_interval]))`, "{{node}}"))).
-		WithPanel(tablePanel("CUDA OOMs by pod", "Pods that ran out of GPU memory in the dashboard's time range.", 8, 12,
-			`sort_desc(sum by (node, namespace, pod, container) (increase(gpuslice_gpu_oom_events_total{`+podSel+`}[$__range])) > 0)`,
+		WithPanel(tablePanel("CUDA OOMs by pod", "Pods that ran out of GPU memory in the dashboard's time range, by kind: device (the GPU was full), process-cap (a limit of the pod's own, such as its CUDA MPS pinned limit), encoder-session (NVENC), unknown.", 8, 12,
+			`sort_desc(sum by (node, namespace, pod, container, kind) (increase(gpuslice_gpu_oom_events_total{`+podSel+`}[$__range])) > 0)`,
 			nil,
-			[]column{{"node", "Node"}, {"namespace", "Namespace"}, {"pod", "Pod"}, {"container", "Container"}, {"Value", "OOM events"}}))
+			[]column{{"node", "Node"}, {"namespace", "Namespace"}, {"pod", "Pod"}, {"container", "Container"}, {"kind", "Kind"}, {"Value", "OOM events"}}))
 
 	b.WithRow(dashboard.NewRowBuilder("Tuner")).
 		WithPanel(versus("Replicas: recommended vs current",

@@ -176,7 +176,7 @@ func annotations() []cog.Builder[dashboard.AnnotationQuery] {
 			Expr(oom).
 			Step("1m").
 			TitleFormat("CUDA OOM").
-			TextFormat("{{namespace}}/{{pod}} ({{container}}) on GPU {{gpu}} of {{node}}, seen in {{source}}").
+			TextFormat("{{namespace}}/{{pod}} ({{container}}) on GPU {{gpu}} of {{node}}, seen in {{source}}, kind {{kind}}").
 			TagKeys("node,namespace,pod"),
 		dashboard.NewAnnotationQueryBuilder().
 			Name("Tuner decisions").

@@ -119,8 +119,9 @@ func scrape(ctx context.Context, u string, timeout time.Duration) (status.Scrape
 }
 
 // RecentOOMQuery is the PromQL behind OOMS(1H): each container's GPU OOM
-// events in the last hour, per node and GPU (increase() copes with counter
-// resets; it extrapolates, hence the rounding to whole events).
+// events in the last hour, per node and GPU, whatever their source and
+// kind (increase() copes with counter resets; it extrapolates, hence the
+// rounding to whole events).
 func RecentOOMQuery(nodeLabel string) string {
 	return "round(sum by (" + nodeLabel + ", uuid, namespace, pod, container) (increase(gpuslice_gpu_oom_events_total{" +
 		nodeLabel + `!=""}[1h])))`

@@ -24,9 +24,9 @@ import (
 
 // TestStatusRecentOOMsFromPrometheus: with --prometheus, the OOM column is
 // the last hour's events from a real Prometheus scraping the exporter: a
-// container whose counter went 0 → 2 while Prometheus watched shows 2, one
-// that OOMed once and is gone from the exporter since is still listed with
-// its 1, and a container that never OOMed shows 0.
+// container whose counters of two kinds went 0 → 1 while Prometheus
+// watched shows 2, one that OOMed once and is gone from the exporter since
+// is still listed with its 1, and a container that never OOMed shows 0.
 func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 	prometheus, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -54,10 +54,13 @@ func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 		b.WriteString("gpuslice_container_gpu_allocation{container=\"main\",gpu=\"0\",namespace=\"ml\",pod=\"yolo\",resource=\"nvidia.com/gpu\",uuid=\"GPU-1\"} 1\n")
 		b.WriteString("gpuslice_container_gpu_allocation{container=\"main\",gpu=\"0\",namespace=\"ml\",pod=\"quiet\",resource=\"nvidia.com/gpu\",uuid=\"GPU-1\"} 1\n")
 		b.WriteString("# TYPE gpuslice_gpu_oom_events_total counter\n")
-		fmt.Fprintf(&b, "gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",namespace=\"ml\",pod=\"yolo\",source=\"log\",uuid=\"GPU-1\"} %d\n", map[int32]int{0: 0, 1: 0, 2: 2}[p])
-		b.WriteString("gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",namespace=\"ml\",pod=\"quiet\",source=\"log\",uuid=\"GPU-1\"} 0\n")
+		// yolo's two OOMs are of two kinds: the column sums them.
+		for _, kind := range []string{"device", "process-cap"} {
+			fmt.Fprintf(&b, "gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",kind=%q,namespace=\"ml\",pod=\"yolo\",source=\"log\",uuid=\"GPU-1\"} %d\n", kind, map[int32]int{0: 0, 1: 0, 2: 1}[p])
+			fmt.Fprintf(&b, "gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",kind=%q,namespace=\"ml\",pod=\"quiet\",source=\"log\",uuid=\"GPU-1\"} 0\n", kind)
+		}
 		if p < 2 {
-			fmt.Fprintf(&b, "gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",namespace=\"ml\",pod=\"gone\",source=\"log\",uuid=\"GPU-1\"} %d\n", p)
+			fmt.Fprintf(&b, "gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",kind=\"device\",namespace=\"ml\",pod=\"gone\",source=\"log\",uuid=\"GPU-1\"} %d\n", p)
 		}
 		_, _ = w.Write([]byte(b.String()))
 	}))

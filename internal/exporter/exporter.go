@@ -111,6 +111,8 @@ type scrape struct {
 	res   attribution.Result
 	// failed names the sources that failed in this scrape.
 	failed map[string]bool
+	// capped are the containers with a pinned MPS memory limit (emitMPS).
+	capped []capped
 }
 
 // New builds an Exporter.
@@ -289,7 +291,7 @@ func (e *Exporter) collectProcfs(sc *scrape) bool {
 
 // collectOOM scans the joined containers for GPU OOM events.
 func (e *Exporter) collectOOM(sc *scrape) bool {
-	err := e.ooms.scan(sc.res, e.cfg.Pods, e.cfg.Now())
+	err := e.ooms.scan(sc.res, sc.capped, e.cfg.Pods, e.cfg.Now())
 	if err != nil {
 		e.log.Warn("scanning for GPU OOM events", "err", err)
 	}

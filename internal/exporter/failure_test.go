@@ -106,7 +106,7 @@ func TestFailingSourcesArePartial(t *testing.T) {
 		if l := lines(t, d.reg, "gpuslice_gpu_oom_events_total", `gpu=""`); len(l) != 0 {
 			t.Errorf("OOM series relabelled gpu=\"\": %v", l)
 		}
-		if l := lines(t, d.reg, "gpuslice_gpu_oom_events_total", `pod="esrgan-upscale-0"`, `source="log"`, `gpu="0"`); len(l) != 1 || !strings.HasSuffix(l[0], " 1") {
+		if l := lines(t, d.reg, "gpuslice_gpu_oom_events_total", `pod="esrgan-upscale-0"`, `source="log"`, `kind="device"`, `gpu="0"`); len(l) != 1 || !strings.HasSuffix(l[0], " 1") {
 			t.Errorf("OOM counter lost its series or value: %v", l)
 		}
 		if l := lines(t, d.reg, "gpuslice_container_gpu_allocation", `gpu="0"`); len(l) != 4 {
@@ -173,7 +173,7 @@ func TestRecreatedPodIsWatchedAgain(t *testing.T) {
 	if err := d.node.AppendLog(p, p.Containers[0], simnode.PyTorchOOM); err != nil {
 		t.Fatal(err)
 	}
-	l := lines(t, d.reg, "gpuslice_gpu_oom_events_total", `pod="esrgan-upscale-0"`, `source="log"`)
+	l := lines(t, d.reg, "gpuslice_gpu_oom_events_total", `pod="esrgan-upscale-0"`, `source="log"`, `kind="device"`)
 	if len(l) != 1 || !strings.HasSuffix(l[0], " 1") {
 		t.Fatalf("OOM in the recreated pod's log: %v", l)
 	}

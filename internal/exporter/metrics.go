@@ -51,8 +51,8 @@ var (
 	unattributedMem = gauge(ns+"_unattributed_gpu_memory_used_bytes",
 		"GPU memory used by processes that belong to no known pod container (host processes, pods not known yet).", gpuLabels)
 	oomEvents = counter(ns+"_gpu_oom_events_total",
-		"GPU out-of-memory failures of a container, from its log or its termination status, each failure counted once.",
-		[]string{"namespace", "pod", "container", "gpu", "uuid", "source"})
+		"GPU out-of-memory failures of a container, from its log or its termination status, each failure counted once, by what ran out: kind device (the GPU's memory), process-cap (a limit of the process's own: a framework's memory fraction or budget, a CUDA MPS client's pinned limit), encoder-session (NVENC) or unknown (an --oom.pattern outside the catalogue).",
+		[]string{"namespace", "pod", "container", "gpu", "uuid", "source", "kind"})
 	// MIG devices (docs/mig.md): each MIG device of a MIG-enabled GPU, its
 	// own memory, and the containers holding and using it. The GPU-level
 	// series above keep counting MIG allocations and memory on the GPU.

@@ -119,6 +119,8 @@ func parsePinnedLimitEnv(env []byte, uuid string) (uint64, bool) {
 // carry the same labels: each limited client stands in with its limit as
 // its memory. A container with any client whose limit cannot be read gets
 // no limit series, rather than one that understates what it may take.
+// The containers with a limit series are sc.capped, whose device OOMs on
+// that GPU are their own limit's (oomCounter).
 func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
 	for uuid, b := range m.server {
 		sc.em.gauge(gpuMPSServerMem, float64(b), sc.index[uuid], uuid)
@@ -156,5 +158,6 @@ func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
 			continue
 		}
 		sc.em.gauge(containerMemLimit, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, strconv.Itoa(u.GPUIndex), u.UUID)
+		sc.capped = append(sc.capped, capped{u.Namespace, u.Pod, u.Container.Container, u.UUID})
 	}
 }

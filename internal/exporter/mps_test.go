@@ -12,13 +12,18 @@ import (
 
 	"github.com/gpuslice/gpuslice/dashboards/metricnames"
 	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/internal/oom"
 	"github.com/gpuslice/gpuslice/test/simnode"
 )
 
 // TestMPS: on a GPU shared through MPS the server's memory is its own
 // series, the clients' memory is their containers', no container has a
 // utilization there, and each container's pinned limit comes from its
-// processes' environment; a time-sliced GPU beside it is unchanged.
+// processes' environment; a time-sliced GPU beside it is unchanged. An
+// out-of-memory of a client with a pinned limit, CUDA's ordinary message,
+// counts as kind process-cap, also when its processes have exited by the
+// time the line is read; one of a client without a limit, or of the
+// time-sliced container, as device.
 func TestMPS(t *testing.T) {
 	n, err := simnode.New("mps-node", t.TempDir())
 	if err != nil {
@@ -42,8 +47,15 @@ func TestMPS(t *testing.T) {
 		{Namespace: "ml", Name: "sliced", Containers: []*simnode.Container{{Name: "app", Replicas: map[string][]int{g1: {0}},
 			Processes: []simnode.Process{{PID: 3201, GPU: g1, MemoryBytes: 3 << 30, SM: 0.25}}}}},
 	}
+	cfg := startNode(t, n)
+	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { det.Close() })
+	cfg.OOM = det
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(New(startNode(t, n)))
+	reg.MustRegister(New(cfg))
 
 	want := fmt.Sprintf(`
 # HELP gpuslice_container_gpu_memory_limit_bytes %[3]s
@@ -81,6 +93,45 @@ gpuslice_unattributed_gpu_memory_used_bytes{gpu="1",uuid="%[2]s"} 0
 	for _, name := range metricnames.ExporterMPS {
 		if !got[name] {
 			t.Errorf("dashboards/metricnames.ExporterMPS lists %s, which the MPS node's scrape lacks", name)
+		}
+	}
+
+	// The capped client exits at its limit before the OOM line is read:
+	// its processes are gone, the container's cap is remembered.
+	train, _ := n.Pod("ml", "train")
+	train.Containers[0].Processes = nil
+	if err := n.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []struct{ pod, line string }{
+		{"train", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 114.20 GiB is free."},
+		{"nolimit", "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 21474836480 bytes."},
+		{"sliced", simnode.PyTorchOOM},
+	} {
+		p, _ := n.Pod("ml", l.pod)
+		if err := n.AppendLog(p, p.Containers[0], l.line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	if l := lines(t, reg, "gpuslice_container_gpu_memory_limit_bytes"); len(l) != 0 {
+		t.Errorf("a limit series for a container without processes: %v", l)
+	}
+	for _, c := range []struct{ pod, gpu, kind string }{{"train", g0, "process-cap"}, {"nolimit", g0, "device"}, {"sliced", g1, "device"}} {
+		all := lines(t, reg, "gpuslice_gpu_oom_events_total", `pod="`+c.pod+`"`, `uuid="`+c.gpu+`"`)
+		if len(all) != 6 {
+			t.Errorf("%s: %d OOM series, want 6 (2 sources × 3 kinds): %v", c.pod, len(all), all)
+		}
+		for _, l := range all {
+			want := " 0"
+			if strings.Contains(l, `source="log"`) && strings.Contains(l, `kind="`+c.kind+`"`) {
+				want = " 1"
+			}
+			if !strings.HasSuffix(l, want) {
+				t.Errorf("%s: %s, want%s", c.pod, l, want)
+			}
 		}
 	}
 }

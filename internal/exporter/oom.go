@@ -11,8 +11,17 @@ import (
 )
 
 // oomCounter feeds the OOM tracker what the exporter sees of containers
-// and pods, and exposes its counters labelled with the GPU blamed. The
-// tracker owns the OOM state and its one forget policy (oom.Tracker).
+// and pods, and exposes its counters labelled with the GPU blamed and the
+// kind. The tracker owns the OOM state and its one forget policy
+// (oom.Tracker).
+//
+// Containers whose CUDA MPS clients all have a pinned memory limit on a GPU
+// (those with a gpuslice_container_gpu_memory_limit_bytes series) are
+// capped there (oom.Tracker.Cap): the out-of-memory error a client gets at
+// its limit is CUDA's ordinary one, so their device OOMs count as kind
+// process-cap. The tracker remembers it for its forget period, so an OOM
+// read after the client exited, by the OOM watch between scrapes, counts
+// the same.
 type oomCounter struct {
 	t *oom.Tracker
 }
@@ -50,9 +59,18 @@ func (o *oomCounter) markResult(byName map[[2]string]*corev1.Pod, res attributio
 	}
 }
 
-func (o *oomCounter) scan(res attribution.Result, src pods.Source, now time.Time) error {
+// capped is a container seen as an MPS client with a pinned memory limit on
+// a GPU in this scrape.
+type capped struct{ namespace, pod, container, uuid string }
+
+func (o *oomCounter) scan(res attribution.Result, caps []capped, src pods.Source, now time.Time) error {
 	byName := podsByName(src)
 	o.markResult(byName, res, now)
+	for _, c := range caps {
+		if p := byName[[2]string{c.namespace, c.pod}]; p != nil {
+			o.t.Cap(oom.Container{Namespace: c.namespace, Pod: c.pod, PodUID: logUID(p), Container: c.container}, c.uuid, now)
+		}
+	}
 	return o.scanWatched(byName, now)
 }
 
@@ -70,7 +88,7 @@ func (o *oomCounter) scanWatched(byName map[[2]string]*corev1.Pod, now time.Time
 
 func (o *oomCounter) emit(em emitter, index map[string]string) {
 	o.t.Counts(func(k oom.CountKey, n float64) {
-		em.counter(oomEvents, n, k.Namespace, k.Pod, k.Container, index[k.UUID], k.UUID, string(k.Source))
+		em.counter(oomEvents, n, k.Namespace, k.Pod, k.Container, index[k.UUID], k.UUID, string(k.Source), k.Kind.Label())
 	})
 }
 

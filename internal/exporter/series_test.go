@@ -39,7 +39,7 @@ func TestSeriesSet(t *testing.T) {
 		}
 		return &out
 	}
-	labels := []string{"ns", "pod", "main", "0", "GPU-x", "log"}
+	labels := []string{"ns", "pod", "main", "0", "GPU-x", "log", "device"}
 	for i, v := range []float64{1, 2, 2, 5} {
 		s.begin()
 		s.set(gpuMemUsed, prometheus.GaugeValue, v, "0", "GPU-x")

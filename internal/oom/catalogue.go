@@ -27,6 +27,24 @@ const (
 	KindUnknown Kind = ""
 )
 
+// UnknownLabel is the value of the `kind` label of
+// gpuslice_gpu_oom_events_total for KindUnknown: a label with an empty
+// value is no label at all in Prometheus, which would read as an exporter
+// that has no kind label.
+const UnknownLabel = "unknown"
+
+// Label is the kind as the `kind` label of gpuslice_gpu_oom_events_total
+// carries it: the Kind itself, UnknownLabel for KindUnknown.
+func (k Kind) Label() string {
+	if k == KindUnknown {
+		return UnknownLabel
+	}
+	return string(k)
+}
+
+// kindOrder is the order in which Detector.Kinds lists kinds.
+var kindOrder = []Kind{KindDevice, KindProcessCap, KindEncoderSession, KindUnknown}
+
 // Signature is one entry of the catalogue: a regular expression (Go RE2,
 // case sensitive) for the lines of one family of GPU out-of-memory messages,
 // the real message it was written from and where that was published.

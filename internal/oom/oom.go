@@ -67,6 +67,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -256,6 +257,19 @@ func (d *Detector) Classify(line string) (Kind, bool) {
 		return KindUnknown, false
 	}
 	return d.matcher.kind(b), true
+}
+
+// Kinds lists the kinds the detector's events can have: those of its
+// patterns (KindUnknown for one that is not in the Catalogue), in the
+// order device, process-cap, encoder-session, unknown.
+func (d *Detector) Kinds() []Kind {
+	var out []Kind
+	for _, k := range kindOrder {
+		if slices.Contains(d.matcher.kinds, k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // Scan returns the events that appeared since the last Scan: new matching

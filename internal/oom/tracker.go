@@ -1,12 +1,14 @@
 package oom
 
 import (
+	"slices"
 	"time"
 )
 
 // Tracker owns all the OOM state of the exporter: which containers are
-// watched, their cumulative event counts per GPU and source (the
-// gpuslice_gpu_oom_events_total series), and the Detector's read state.
+// watched, their cumulative event counts per GPU, source and kind (the
+// gpuslice_gpu_oom_events_total series), which of them run under a memory
+// cap of their own, and the Detector's read state.
 // One period, ForgetAfter, governs all of it (see "Forgetting" in the
 // package comment):
 //
@@ -15,14 +17,27 @@ import (
 //     read at every Scan, so that an OOM found after it stopped (a crashed
 //     container has no GPU process, a failed pod leaves the kubelet's
 //     list) still counts.
-//   - Its counters exist at 0 from when it is first watched, so its first
-//     OOM is an increase that increase() sees, and only ever grow. A
+//   - Its counters exist at 0 from when it is first watched, one per
+//     source and per kind its OOMs can have (Kinds), so its first OOM is
+//     an increase that increase() sees, and only ever grow. A
 //     counter is dropped once its container has not been live, and the
 //     counter has not grown, for ForgetAfter: a late event keeps its series
 //     on view that long.
 //   - When a container stops being watched, the Detector buries its read
 //     state at once; the grave keeps it from counting old events again if
 //     it is watched again.
+//   - A container seen running under a memory cap of its own on a GPU
+//     (Cap: a CUDA MPS client with a pinned device-memory limit) is
+//     remembered as such until it has not been seen so for ForgetAfter, so
+//     that an OOM read after its processes exited is still judged by it.
+//
+// Kind: an event counts under the Kind of the line that matched, except
+// that a device OOM of a container capped on the GPU blamed counts as
+// KindProcessCap. Under MPS a client that reaches its pinned limit gets
+// CUDA's ordinary out-of-memory error (PyTorch's "CUDA out of memory",
+// JAX's RESOURCE_EXHAUSTED), which does not say that the limit, not the
+// GPU, ran out; the cap it hit is its own, as with PyTorch's
+// per-process fraction.
 //
 // A Tracker is not safe for concurrent use.
 type Tracker struct {
@@ -30,6 +45,11 @@ type Tracker struct {
 	forgetAfter time.Duration
 	watch       map[containerKey]*watched
 	counts      map[CountKey]*count
+	// kinds are those each container's counters start at 0 with.
+	kinds []Kind
+	// caps holds, per container incarnation, the GPUs it was last seen
+	// capped on (Cap) and when.
+	caps map[Container]map[string]time.Time
 }
 
 // containerKey names a container across pod incarnations: a pod recreated
@@ -42,12 +62,13 @@ type watched struct {
 	lastSeen time.Time
 }
 
-// CountKey names one counter: a container, the GPU blamed for its OOMs and
-// the source of the events.
+// CountKey names one counter: a container, the GPU blamed for its OOMs,
+// the source of the events and their kind.
 type CountKey struct {
 	Namespace, Pod, Container string
 	UUID                      string
 	Source                    Source
+	Kind                      Kind
 }
 
 type count struct {
@@ -58,8 +79,19 @@ type count struct {
 // NewTracker returns a Tracker reading through d, whose Config.ForgetAfter
 // is the period. d must not be scanned by anything else.
 func NewTracker(d *Detector) *Tracker {
-	return &Tracker{d: d, forgetAfter: d.forgetAfter, watch: map[containerKey]*watched{}, counts: map[CountKey]*count{}}
+	kinds := d.Kinds()
+	if slices.Contains(kinds, KindDevice) && !slices.Contains(kinds, KindProcessCap) {
+		// A capped container's device OOMs count as process-cap.
+		kinds = slices.Insert(kinds, 1, KindProcessCap)
+	}
+	return &Tracker{d: d, forgetAfter: d.forgetAfter, watch: map[containerKey]*watched{}, counts: map[CountKey]*count{},
+		kinds: kinds, caps: map[Container]map[string]time.Time{}}
 }
+
+// Kinds are the kinds of a container's counters, each at 0 from when it is
+// first watched: the Detector's, and KindProcessCap where it has
+// KindDevice (see Cap).
+func (t *Tracker) Kinds() []Kind { return slices.Clone(t.kinds) }
 
 // ForgetAfter is the period of the forget policy.
 func (t *Tracker) ForgetAfter() time.Duration { return t.forgetAfter }
@@ -75,6 +107,7 @@ func (t *Tracker) Watch(c Container, uuid string, now time.Time) {
 	if w == nil || w.c.PodUID != c.PodUID {
 		if w != nil {
 			t.d.forget(w.c)
+			delete(t.caps, w.c)
 		}
 		w = &watched{c: c, uuid: uuid}
 		t.watch[k] = w
@@ -84,13 +117,40 @@ func (t *Tracker) Watch(c Container, uuid string, now time.Time) {
 		w.uuid = uuid
 	}
 	for _, src := range []Source{SourceLog, SourceTermination} {
-		ck := CountKey{c.Namespace, c.Pod, c.Container, w.uuid, src}
-		if cn := t.counts[ck]; cn == nil {
-			t.counts[ck] = &count{lastSeen: now}
-		} else {
-			cn.lastSeen = now
+		for _, kind := range t.kinds {
+			ck := CountKey{c.Namespace, c.Pod, c.Container, w.uuid, src, kind}
+			if cn := t.counts[ck]; cn == nil {
+				t.counts[ck] = &count{lastSeen: now}
+			} else {
+				cn.lastSeen = now
+			}
 		}
 	}
+}
+
+// Cap records that c runs under a memory cap of its own on GPU uuid at
+// now: it is a CUDA MPS client with a pinned device-memory limit there. Its
+// device OOMs blamed on uuid count as KindProcessCap from now until it has
+// not been seen capped for ForgetAfter, whether or not its processes still
+// run when the OOM is read. A container never capped keeps the kinds of its
+// lines; a new pod UID starts over (see Watch).
+func (t *Tracker) Cap(c Container, uuid string, now time.Time) {
+	m := t.caps[c]
+	if m == nil {
+		m = map[string]time.Time{}
+		t.caps[c] = m
+	}
+	m[uuid] = now
+}
+
+// kind is the kind an event of c blamed on uuid counts under.
+func (t *Tracker) kind(ev Event, uuid string) Kind {
+	if ev.Kind == KindDevice {
+		if _, ok := t.caps[ev.Container][uuid]; ok {
+			return KindProcessCap
+		}
+	}
+	return ev.Kind
 }
 
 // Scan reads the logs of the watched containers and the terminations that
@@ -113,13 +173,23 @@ func (t *Tracker) Scan(now time.Time, terms func(Container) []Termination) error
 		}
 	}
 	t.d.forget(gone...)
+	for c, m := range t.caps {
+		for uuid, seen := range m {
+			if now.Sub(seen) > t.forgetAfter {
+				delete(m, uuid)
+			}
+		}
+		if len(m) == 0 {
+			delete(t.caps, c)
+		}
+	}
 	events, err := t.d.Scan(containers, ts)
 	for _, ev := range events {
 		w := t.watch[containerKey{ev.Container.Namespace, ev.Container.Pod, ev.Container.Container}]
 		if w == nil {
 			continue
 		}
-		ck := CountKey{ev.Container.Namespace, ev.Container.Pod, ev.Container.Container, w.uuid, ev.Source}
+		ck := CountKey{ev.Container.Namespace, ev.Container.Pod, ev.Container.Container, w.uuid, ev.Source, t.kind(ev, w.uuid)}
 		cn := t.counts[ck]
 		if cn == nil {
 			cn = &count{}

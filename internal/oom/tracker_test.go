@@ -2,19 +2,36 @@ package oom
 
 import (
 	"maps"
+	"slices"
 	"testing"
 	"time"
 )
 
 const gpuA = "GPU-a"
 
-// counts returns the tracker's counters of trainer by source, the GPU
-// blamed included.
+// counts returns the tracker's counters by pod, GPU blamed, source and
+// kind.
 func counts(tr *Tracker) map[string]float64 {
 	out := map[string]float64{}
 	tr.Counts(func(k CountKey, n float64) {
-		out[k.Pod+"/"+k.UUID+"/"+string(k.Source)] = n
+		out[k.Pod+"/"+k.UUID+"/"+string(k.Source)+"/"+k.Kind.Label()] = n
 	})
+	return out
+}
+
+// defaultKinds are a tracker's kinds with the default patterns.
+var defaultKinds = []Kind{KindDevice, KindProcessCap, KindEncoderSession}
+
+// counters are the counters of a container watched on GPU-a: one per
+// source and default kind, device ones at log and term, the others at 0.
+func counters(pod string, log, term float64) map[string]float64 {
+	out := map[string]float64{}
+	for _, k := range defaultKinds {
+		out[pod+"/GPU-a/log/"+k.Label()] = 0
+		out[pod+"/GPU-a/termination/"+k.Label()] = 0
+	}
+	out[pod+"/GPU-a/log/device"] = log
+	out[pod+"/GPU-a/termination/device"] = term
 	return out
 }
 
@@ -47,14 +64,14 @@ func TestTrackerForgetPolicy(t *testing.T) {
 
 	tr.Watch(trainer, gpuA, w.now)
 	w.trackerScan(tr)
-	zero := map[string]float64{"trainer-0/GPU-a/log": 0, "trainer-0/GPU-a/termination": 0}
+	zero := counters("trainer-0", 0, 0)
 	wantCounts(t, "first watched", tr, zero)
 
 	w.now = w.now.Add(time.Minute)
 	w.write(p, cri(time.Minute, "stderr", "F", torchOOM))
 	tr.Watch(trainer, gpuA, w.now)
 	w.trackerScan(tr)
-	one := map[string]float64{"trainer-0/GPU-a/log": 1, "trainer-0/GPU-a/termination": 0}
+	one := counters("trainer-0", 1, 0)
 	wantCounts(t, "OOM while live", tr, one)
 	lastLive := w.now
 
@@ -62,7 +79,7 @@ func TestTrackerForgetPolicy(t *testing.T) {
 	w.now = lastLive.Add(period - time.Minute)
 	w.write(p, cri(period, "stderr", "F", runtimeOOM))
 	w.trackerScan(tr)
-	two := map[string]float64{"trainer-0/GPU-a/log": 2, "trainer-0/GPU-a/termination": 0}
+	two := counters("trainer-0", 2, 0)
 	wantCounts(t, "late OOM", tr, two)
 	lateEvent := w.now
 
@@ -75,7 +92,7 @@ func TestTrackerForgetPolicy(t *testing.T) {
 	if tr.d.containers[trainer] != nil {
 		t.Fatal("read state kept after the forget period")
 	}
-	wantCounts(t, "forgotten", tr, map[string]float64{"trainer-0/GPU-a/log": 2})
+	wantCounts(t, "forgotten", tr, map[string]float64{"trainer-0/GPU-a/log/device": 2})
 	w.now = lateEvent.Add(period + time.Minute)
 	w.trackerScan(tr)
 	wantCounts(t, "late counter's period over", tr, map[string]float64{})
@@ -97,7 +114,7 @@ func TestTrackerCountersNeverGoBack(t *testing.T) {
 	tr.Watch(trainer, gpuA, w.now)
 	w.write(w.logPath(trainer, 0), cri(0, "stderr", "F", torchOOM))
 	w.trackerScan(tr)
-	wantCounts(t, "first pod", tr, map[string]float64{"trainer-0/GPU-a/log": 1, "trainer-0/GPU-a/termination": 0})
+	wantCounts(t, "first pod", tr, counters("trainer-0", 1, 0))
 
 	again := trainer
 	again.PodUID = "0e6a3c1e-7d3b-4c55-9a8e-2b7f7c1d9e01"
@@ -109,5 +126,125 @@ func TestTrackerCountersNeverGoBack(t *testing.T) {
 	}
 	w.write(w.logPath(again, 0), cri(time.Minute, "stderr", "F", torchOOM))
 	w.trackerScan(tr)
-	wantCounts(t, "recreated pod", tr, map[string]float64{"trainer-0/GPU-a/log": 2, "trainer-0/GPU-a/termination": 0})
+	wantCounts(t, "recreated pod", tr, counters("trainer-0", 2, 0))
+}
+
+// TestTrackerCappedContainer: a container seen as capped on its GPU (an
+// MPS client with a pinned limit) has its device OOMs counted as
+// process-cap, also when read after it was last seen capped, until the
+// period has passed; other kinds keep theirs, and a container capped on
+// another GPU than the one blamed, or never capped, keeps device.
+func TestTrackerCappedContainer(t *testing.T) {
+	const period = time.Hour
+	const nvencOOM = "[h264_nvenc @ 0x46d8300] OpenEncodeSessionEx failed: out of memory (10): (no details)"
+	w := newWorld(t)
+	tr := NewTracker(w.detector(Config{ForgetAfter: period}))
+	neighbour := Container{Namespace: "ml", Pod: "sliced-0", PodUID: "9d3e2b1a-0c4f-4e5d-8a7b-6c5d4e3f2a1b", Container: "app"}
+	elsewhere := Container{Namespace: "ml", Pod: "other-0", PodUID: "1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d", Container: "app"}
+	p, pn, pe := w.logPath(trainer, 0), w.logPath(neighbour, 0), w.logPath(elsewhere, 0)
+	w.trackerScan(tr) // baseline
+
+	for _, c := range []Container{trainer, neighbour, elsewhere} {
+		tr.Watch(c, gpuA, w.now)
+	}
+	tr.Cap(trainer, gpuA, w.now)
+	tr.Cap(elsewhere, "GPU-b", w.now)
+	w.write(p, cri(0, "stderr", "F", torchOOM))
+	w.write(pn, cri(0, "stderr", "F", torchOOM))
+	w.write(pe, cri(0, "stderr", "F", torchOOM))
+	w.trackerScan(tr)
+	got := counts(tr)
+	for k, want := range map[string]float64{
+		"trainer-0/GPU-a/log/process-cap": 1, "trainer-0/GPU-a/log/device": 0,
+		"sliced-0/GPU-a/log/device": 1, "sliced-0/GPU-a/log/process-cap": 0,
+		"other-0/GPU-a/log/device": 1, "other-0/GPU-a/log/process-cap": 0,
+	} {
+		if got[k] != want {
+			t.Errorf("capped while live: %s = %v, want %v (all: %v)", k, got[k], want, got)
+		}
+	}
+	if len(got) != 3*2*3 {
+		t.Errorf("capped while live: %d counters, want 18 (3 containers × 2 sources × 3 kinds): %v", len(got), got)
+	}
+
+	// Its processes gone (no Cap since), an OOM read later is still its
+	// own cap's; an NVENC one stays an encoder session.
+	w.now = w.now.Add(period - time.Minute)
+	w.write(p, cri(time.Minute, "stderr", "F", runtimeOOM)+cri(2*time.Minute, "stderr", "F", nvencOOM))
+	w.trackerScan(tr)
+	got = counts(tr)
+	if got["trainer-0/GPU-a/log/process-cap"] != 2 || got["trainer-0/GPU-a/log/device"] != 0 || got["trainer-0/GPU-a/log/encoder-session"] != 1 {
+		t.Errorf("after its processes ended: %v", got)
+	}
+
+	// Not seen capped for longer than the period, though still watched:
+	// its device OOMs are the GPU's again.
+	w.now = w.now.Add(2 * time.Minute)
+	tr.Watch(trainer, gpuA, w.now)
+	w.write(p, cri(3*time.Minute, "stderr", "F", torchOOM))
+	w.trackerScan(tr)
+	if got := counts(tr); got["trainer-0/GPU-a/log/device"] != 1 || got["trainer-0/GPU-a/log/process-cap"] != 2 {
+		t.Errorf("cap forgotten: %v", got)
+	}
+
+	// A termination of a capped container counts as process-cap too.
+	tr.Cap(trainer, gpuA, w.now)
+	if err := tr.Scan(w.now, func(c Container) []Termination {
+		if c != trainer {
+			return nil
+		}
+		return []Termination{{Container: trainer, Instance: 1, Reason: "Error", Message: torchOOM, ExitCode: 1, FinishedAt: w.now}}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := counts(tr); got["trainer-0/GPU-a/termination/process-cap"] != 1 || got["trainer-0/GPU-a/termination/device"] != 0 {
+		t.Errorf("termination of a capped container: %v", got)
+	}
+
+	// A new pod under the same name starts uncapped.
+	again := trainer
+	again.PodUID = "0e6a3c1e-7d3b-4c55-9a8e-2b7f7c1d9e01"
+	tr.Watch(again, gpuA, w.now)
+	w.write(w.logPath(again, 0), cri(4*time.Minute, "stderr", "F", torchOOM))
+	w.trackerScan(tr)
+	if got := counts(tr); got["trainer-0/GPU-a/log/device"] != 2 || got["trainer-0/GPU-a/log/process-cap"] != 2 {
+		t.Errorf("recreated pod: %v", got)
+	}
+}
+
+// TestTrackerKinds: the counters a container starts with are one per
+// source and per kind its OOMs can have; a pattern outside the catalogue
+// gives kind unknown, labelled "unknown".
+func TestTrackerKinds(t *testing.T) {
+	device := Catalogue[len(Catalogue)-1]
+	if device.Kind != KindDevice {
+		t.Fatalf("the catalogue's last signature is %q, not a device one", device.Kind)
+	}
+	for _, tc := range []struct {
+		patterns []string
+		want     []Kind
+	}{
+		{nil, defaultKinds},
+		{[]string{`my own oom`}, []Kind{KindUnknown}},
+		{[]string{device.Pattern, `my own oom`}, []Kind{KindDevice, KindProcessCap, KindUnknown}},
+	} {
+		w := newWorld(t)
+		tr := NewTracker(w.detector(Config{Patterns: tc.patterns}))
+		if got := tr.Kinds(); !slices.Equal(got, tc.want) {
+			t.Errorf("patterns %q: kinds %q, want %q", tc.patterns, got, tc.want)
+		}
+	}
+	if KindUnknown.Label() != "unknown" || KindDevice.Label() != "device" {
+		t.Errorf("labels %q, %q", KindUnknown.Label(), KindDevice.Label())
+	}
+
+	w := newWorld(t)
+	tr := NewTracker(w.detector(Config{Patterns: []string{`my own oom`}}))
+	p := w.logPath(trainer, 0)
+	w.trackerScan(tr)
+	tr.Watch(trainer, gpuA, w.now)
+	tr.Cap(trainer, gpuA, w.now)
+	w.write(p, cri(0, "stderr", "F", "my own oom"))
+	w.trackerScan(tr)
+	wantCounts(t, "own pattern", tr, map[string]float64{"trainer-0/GPU-a/log/unknown": 1, "trainer-0/GPU-a/termination/unknown": 0})
 }

@@ -74,6 +74,12 @@ type Container struct {
 	// OOMs counts the container's GPU OOM events since its exporter
 	// started (the exporter's counters; Prometheus has the history).
 	OOMs float64 `json:"ooms"`
+	// OOMKinds splits OOMs by the counters' kind label: device (the GPU
+	// ran out), process-cap (a limit of the container's own: a framework's
+	// memory fraction, a CUDA MPS client's pinned limit), encoder-session,
+	// unknown; "" from an exporter without the label. Only kinds with
+	// events are listed.
+	OOMKinds map[string]float64 `json:"oomKinds,omitempty"`
 	// OOMsLastHour counts its GPU OOM events in the last hour, from
 	// Prometheus (`gpuslice-tuner status --prometheus`); absent without.
 	OOMsLastHour *float64 `json:"oomsLastHour,omitempty"`
@@ -241,6 +247,10 @@ func gpus(s Scrape) []GPU {
 		}
 		if c := container(l); c != nil {
 			c.OOMs += v
+			if c.OOMKinds == nil {
+				c.OOMKinds = map[string]float64{}
+			}
+			c.OOMKinds[l["kind"]] += v
 		}
 	})
 	for k, c := range containers {

@@ -2,6 +2,7 @@ package status
 
 import (
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 
@@ -41,5 +42,33 @@ gpuslice_gpu_memory_total_bytes{gpu="0",uuid="GPU-x"} 100
 	}
 	if b := r.Nodes[1]; b.LastDecision != nil || b.ExporterError != "connection refused" {
 		t.Errorf("b = %+v", b)
+	}
+}
+
+// TestOOMKinds: a container's OOMs are summed over the counters' sources
+// and kinds, and split by kind where there were any; an exporter without
+// the kind label gives kind "".
+func TestOOMKinds(t *testing.T) {
+	s, err := ParseScrape("a", strings.NewReader(`gpuslice_gpu_memory_total_bytes{gpu="0",uuid="GPU-x"} 100
+gpuslice_container_gpu_memory_used_bytes{namespace="ml",pod="capped",container="c",gpu="0",uuid="GPU-x"} 5
+gpuslice_gpu_oom_events_total{namespace="ml",pod="capped",container="c",gpu="0",uuid="GPU-x",source="log",kind="process-cap"} 2
+gpuslice_gpu_oom_events_total{namespace="ml",pod="capped",container="c",gpu="0",uuid="GPU-x",source="termination",kind="process-cap"} 1
+gpuslice_gpu_oom_events_total{namespace="ml",pod="capped",container="c",gpu="0",uuid="GPU-x",source="log",kind="device"} 1
+gpuslice_gpu_oom_events_total{namespace="ml",pod="capped",container="c",gpu="0",uuid="GPU-x",source="log",kind="encoder-session"} 0
+gpuslice_gpu_oom_events_total{namespace="ml",pod="old",container="c",gpu="0",uuid="GPU-x",source="log"} 1
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Build([]corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}}, map[string]Scrape{"a": s}, nil)
+	got := map[string]Container{}
+	for _, c := range r.Nodes[0].GPUs[0].Containers {
+		got[c.Pod] = c
+	}
+	if c := got["capped"]; c.OOMs != 4 || !maps.Equal(c.OOMKinds, map[string]float64{"process-cap": 3, "device": 1}) {
+		t.Errorf("capped: %v OOMs by kind %v, want 4, process-cap 3 and device 1", c.OOMs, c.OOMKinds)
+	}
+	if c := got["old"]; c.OOMs != 1 || !maps.Equal(c.OOMKinds, map[string]float64{"": 1}) {
+		t.Errorf("old: %v OOMs by kind %v, want 1 of kind \"\"", c.OOMs, c.OOMKinds)
 	}
 }

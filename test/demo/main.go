@@ -243,7 +243,7 @@ func report(w io.Writer, m map[string]*dto.MetricFamily) {
 	for _, s := range m["gpuslice_container_gpu_idle_seconds"].GetMetric() {
 		get(labels(s)).idle = (time.Duration(s.GetGauge().GetValue()) * time.Second).String()
 	}
-	ooms := map[*row]float64{} // summed over the log and termination sources
+	ooms := map[*row]float64{} // summed over the sources and kinds
 	for _, s := range m["gpuslice_gpu_oom_events_total"].GetMetric() {
 		r := get(labels(s))
 		ooms[r] += s.GetCounter().GetValue()

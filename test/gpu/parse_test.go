@@ -82,7 +82,8 @@ func TestParseMetrics(t *testing.T) {
 gpuslice_container_gpu_utilization_ratio{container="main",gpu="0",namespace="test-gpu",pod="a",uuid="GPU-1"} 0.53
 gpuslice_container_gpu_utilization_ratio{container="main",gpu="0",namespace="test-gpu",pod="b",uuid="GPU-1"} 0.32
 # TYPE gpuslice_gpu_oom_events_total counter
-gpuslice_gpu_oom_events_total{container="main",namespace="test-gpu",pod="a",source="log"} 1
+gpuslice_gpu_oom_events_total{container="main",kind="device",namespace="test-gpu",pod="a",source="log"} 1
+gpuslice_gpu_oom_events_total{container="main",kind="process-cap",namespace="test-gpu",pod="a",source="log"} 0
 `
 	m, err := parseMetrics([]byte(text))
 	if err != nil {

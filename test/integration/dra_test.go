@@ -180,7 +180,7 @@ func TestExporterDRA(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll("OOM on the claim's GPU", func() []string {
-		return []string{expect("gpuslice_gpu_oom_events_total", map[string]string{"pod": "infer-c", "uuid": g0, "source": "log"}, 1)}
+		return []string{expect("gpuslice_gpu_oom_events_total", map[string]string{"pod": "infer-c", "uuid": g0, "source": "log", "kind": "device"}, 1)}
 	})
 
 	// The driver publishes gpu-1: a new pool generation.

@@ -144,7 +144,7 @@ func TestExporterOnSimulatedNode(t *testing.T) {
 	t.Run("CUDA OOM in a log counts once, also across rotation", func(t *testing.T) {
 		p, _ := n.Pod("ml", "train-b")
 		c := p.Containers[0]
-		oomLabels := map[string]string{"namespace": "ml", "pod": "train-b", "container": "main", "uuid": g0, "source": "log"}
+		oomLabels := map[string]string{"namespace": "ml", "pod": "train-b", "container": "main", "uuid": g0, "source": "log", "kind": "device"}
 		t0 := time.Now()
 		if err := n.AppendLogAt(t0, p, c, "epoch 3 step 120", simnode.PyTorchOOM); err != nil {
 			t.Fatal(err)
@@ -183,7 +183,7 @@ func TestExporterOnSimulatedNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		poll(t, "termination OOM", func(m metrics) string {
-			return expect("gpuslice_gpu_oom_events_total", map[string]string{"pod": "train-a", "uuid": g0, "source": "termination"}, 1)
+			return expect("gpuslice_gpu_oom_events_total", map[string]string{"pod": "train-a", "uuid": g0, "source": "termination", "kind": "device"}, 1)
 		})
 	})
 

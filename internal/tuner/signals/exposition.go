@@ -122,9 +122,9 @@ func oomSeries(namespace, pod, container, source string) string {
 }
 
 // oomOf is the OOM an event of a counter series stands for. The `kind`
-// label (internal/oom's Kind: device, process-cap, encoder-session) is
-// optional; an exporter without it, or an unknown value, leaves the kind to
-// the policy's memory figures.
+// label (internal/oom's Kind.Label: device, process-cap, encoder-session,
+// unknown) is optional; an exporter without it, "unknown" or a value this
+// tuner does not know leaves the kind to the policy's memory figures.
 func oomOf(l map[string]string) policy.OOM {
 	o := policy.OOM{Kind: policy.OOMUnknown}
 	if l["pod"] != "" {

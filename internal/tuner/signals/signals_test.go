@@ -2,6 +2,9 @@ package signals
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -175,20 +178,66 @@ func TestWindow(t *testing.T) {
 }
 
 // The kinds the policy reads are the OOM matcher's, by value: the `kind`
-// label carries internal/oom's Kind.
+// label carries internal/oom's Kind.Label ("unknown" for KindUnknown); an
+// exporter without the label gives "".
 func TestOOMKindsAreTheMatchers(t *testing.T) {
 	for _, tc := range []struct {
-		matcher oom.Kind
-		policy  policy.OOMKind
+		label  string
+		policy policy.OOMKind
 	}{
-		{oom.KindDevice, policy.OOMDevice},
-		{oom.KindProcessCap, policy.OOMCap},
-		{oom.KindEncoderSession, policy.OOMEncoderSession},
-		{oom.KindUnknown, policy.OOMUnknown},
+		{oom.KindDevice.Label(), policy.OOMDevice},
+		{oom.KindProcessCap.Label(), policy.OOMCap},
+		{oom.KindEncoderSession.Label(), policy.OOMEncoderSession},
+		{oom.KindUnknown.Label(), policy.OOMUnknown},
+		{"", policy.OOMUnknown},
 		{"something-new", policy.OOMUnknown},
 	} {
-		if got := oomOf(map[string]string{"kind": string(tc.matcher)}).Kind; got != tc.policy {
-			t.Errorf("kind %q reads as %q, want %q", tc.matcher, got, tc.policy)
+		if got := oomOf(map[string]string{"kind": tc.label}).Kind; got != tc.policy {
+			t.Errorf("kind %q reads as %q, want %q", tc.label, got, tc.policy)
+		}
+	}
+}
+
+// TestExporterOOMSeries reads the exporter's own exposition (its golden
+// scrape): a container has one counter per source and kind, all read, and
+// an OOM of each kind comes out once with its kind: the device OOM the
+// golden holds, then a process-cap one (an MPS client at its pinned
+// limit) on the same container.
+func TestExporterOOMSeries(t *testing.T) {
+	golden, err := os.ReadFile(filepath.Join("..", "..", "exporter", "testdata", "demo.prom"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const esrgan = `gpuslice_gpu_oom_events_total{container="esrgan",gpu="0",kind="%s",namespace="media",pod="esrgan-upscale-0",source="log",uuid="GPU-f090b70b-b060-ca81-43cd-331f3657848d"} %d`
+	line := func(kind string, n int) string { return fmt.Sprintf(esrgan, kind, n) }
+	if !strings.Contains(string(golden), line("device", 1)) || !strings.Contains(string(golden), line("process-cap", 0)) {
+		t.Fatalf("the golden lacks esrgan's device OOM or its process-cap counter:\n%s", golden)
+	}
+	before := strings.Replace(string(golden), line("device", 1), line("device", 0), 1)
+	after := strings.Replace(string(golden), line("process-cap", 0), line("process-cap", 1), 1)
+	var readings []Reading
+	for _, text := range []string{before, string(golden), after} {
+		r, err := ParseExposition(strings.NewReader(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readings = append(readings, r)
+	}
+	const uuid = "GPU-f090b70b-b060-ca81-43cd-331f3657848d"
+	if n := len(readings[1][uuid].OOMCounters); n != 4*2*3 {
+		t.Errorf("%d OOM counters, want 24 (4 containers × 2 sources × 3 kinds)", n)
+	}
+	tr := newOOMTracker()
+	t0 := time.Unix(1000, 0)
+	tr.events(readings[0], t0)
+	want := [][]policy.OOM{
+		{{Container: "media/esrgan-upscale-0/esrgan", Kind: policy.OOMDevice}},
+		{{Container: "media/esrgan-upscale-0/esrgan", Kind: policy.OOMCap}},
+	}
+	for i, r := range readings[1:] {
+		got := tr.events(r, t0.Add(time.Duration(i+1)*15*time.Second))[uuid]
+		if d := cmp.Diff(want[i], got); d != "" {
+			t.Errorf("step %d: events (-want +got):\n%s", i+1, d)
 		}
 	}
 }
