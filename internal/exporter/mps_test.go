@@ -2,6 +2,7 @@ package exporter
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -147,11 +148,41 @@ func TestMPSServerByCmdline(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e := &Exporter{cfg: Config{Procfs: procfs}}
+	e := &Exporter{cfg: Config{Procfs: procfs}, proc: newProcReader(procfs, slog.New(slog.DiscardHandler))}
 	for pid, want := range map[int]bool{10: true, 11: false, 12: false, 13: false} {
 		if got := e.isMPSServer(gpu.Process{PID: pid}); got != want {
 			t.Errorf("isMPSServer(%d) = %v, want %v", pid, got, want)
 		}
+	}
+}
+
+// A process the reader follows has its command line read once in its
+// life; one it does not follow, at every ask.
+func TestProgramReadOncePerProcess(t *testing.T) {
+	p := newProcReader("/proc", slog.New(slog.DiscardHandler))
+	defer p.forget(nil)
+	self := os.Getpid()
+	if _, _, err := p.read([]gpu.Device{{Processes: []gpu.Process{{PID: self}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if p.known[self] == nil {
+		t.Skip("this /proc lets the reader follow no process")
+	}
+	reads := 0
+	test := func(cmdline []byte) bool { reads++; return len(cmdline) > 0 }
+	for range 3 {
+		if !p.program(self, test) {
+			t.Fatal("own command line read as empty")
+		}
+	}
+	if reads != 1 {
+		t.Errorf("command line read %d times for a followed process, want 1", reads)
+	}
+	p.forget(nil)
+	p.program(self, test)
+	p.program(self, test)
+	if reads != 3 {
+		t.Errorf("command line read %d times in all, want 3 (twice once the process is not followed)", reads)
 	}
 }
 

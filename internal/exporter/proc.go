@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"syscall"
@@ -76,6 +77,30 @@ type procEntry struct {
 	resolved bool
 	inPod    bool
 	ref      attribution.ProcessRef
+	// programRead: is holds what program's test said of the process's
+	// command line.
+	programRead, is bool
+}
+
+// program reports what test says of pid's command line (the exporter asks
+// one test: is it the MPS server), read once for the
+// life of the process where the reader follows it (a process followed by
+// this scrape's read; others are read each time). An unreadable command
+// line (the process exited) is false and not kept.
+func (p *procReader) program(pid int, test func(cmdline []byte) bool) bool {
+	e := p.known[pid]
+	if e != nil && e.programRead {
+		return e.is
+	}
+	cmdline, err := os.ReadFile(filepath.Join(p.root, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return false
+	}
+	is := test(cmdline)
+	if e != nil {
+		e.programRead, e.is = true, is
+	}
+	return is
 }
 
 func newProcReader(root string, log *slog.Logger) *procReader {

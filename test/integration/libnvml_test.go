@@ -322,3 +322,44 @@ func TestLibnvmlInitFailsOnBadFile(t *testing.T) {
 		return ""
 	})
 }
+
+// TestLibnvmlListsGrowAndShrink reads a GPU whose process list grows past
+// the buffers sized from the previous reading, then shrinks, through the
+// library: each reading must be whole (the backend sizes its buffers from
+// the last reading and asks again when NVML says they are too small).
+func TestLibnvmlListsGrowAndShrink(t *testing.T) {
+	libDir := simLibraryDir(t)
+	simFile := filepath.Join(t.TempDir(), "gpus.yaml")
+	node := func(n int) *sim.File {
+		g := sim.GPU{UUID: "GPU-5ba4538b-234f-2c18-6a7a-458d0a7fb348", Name: "NVIDIA RTX A6000", MemoryTotalBytes: 51527024640, Utilization: 1}
+		for i := range n {
+			// Whole percents, as NVML gives them, adding up to less than
+			// the GPU's (more would be scaled to fit it).
+			g.Processes = append(g.Processes, sim.Process{PID: 1000 + i, UsedMemoryBytes: uint64(i+1) << 20, SMUtilization: ptr(float64(i%5) / 100 * float64(min(1, max(0, 10-i))))})
+		}
+		return &sim.File{DriverVersion: "580.95.05", GPUs: []sim.GPU{g}}
+	}
+	writeSim(t, simFile, node(3))
+	t.Setenv("GPUSLICE_SIM_FILE", simFile)
+	nb, err := nvmlbackend.New(nvml.New(nvml.WithLibraryPath(filepath.Join(libDir, "libnvidia-ml.so.1"))), nvmlbackend.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nb.Close()
+	sb := sim.New(simFile)
+	for _, n := range []int{3, 60, 61, 200, 5, 0, 90} {
+		writeSim(t, simFile, node(n))
+		want, err := sb.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := nb.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		nvmlSampleSemantics(want.Devices)
+		if len(got.Devices) != 1 || len(got.Devices[0].Processes) != n || !reflect.DeepEqual(got.Devices[0].Processes, want.Devices[0].Processes) {
+			t.Fatalf("%d processes: nvml read\n%+v\nwant (sim)\n%+v", n, got.Devices, want.Devices)
+		}
+	}
+}
