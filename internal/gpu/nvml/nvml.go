@@ -113,9 +113,6 @@ type Backend struct {
 	// ended, so that each reading asks only for newer samples.
 	mu      sync.Mutex
 	windows map[string]sampleWindow
-	// sizes holds, per GPU UUID, how long each list NVML gave was at the
-	// previous reading, to size the next one's buffer (raw.go).
-	sizes map[string]listSizes
 	// ids holds, per GPU index, what does not change while NVML stays
 	// initialized: the handle, UUID and name. Each is a call into
 	// libnvidia-ml at every scrape otherwise. Emptied by start (a new
@@ -160,7 +157,6 @@ func New(lib nvml.Interface, opts Options) (*Backend, error) {
 		lib:         lib,
 		log:         opts.Logger,
 		windows:     make(map[string]sampleWindow),
-		sizes:       make(map[string]listSizes),
 		ids:         make(map[int]identity),
 		failing:     make(map[reading]bool),
 		unsupported: make(map[reading]bool),
@@ -588,12 +584,12 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs [
 			procs = append(procs, proc)
 		}
 	}
-	compute, ret := b.processList(h, uuid, false)
+	compute, ret := h.GetComputeRunningProcesses()
 	computeOK, err := b.optional(uuid, callCompute, ret)
 	if err != nil {
 		return nil, err
 	}
-	graphics, ret := b.processList(h, uuid, true)
+	graphics, ret := h.GetGraphicsRunningProcesses()
 	graphicsOK, err := b.optional(uuid, callGraphics, ret)
 	if err != nil {
 		return nil, err
@@ -630,7 +626,7 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs [
 	slices.SortFunc(procs, func(a, b gpu.Process) int { return cmp.Compare(a.PID, b.PID) })
 
 	since := b.window(uuid).procSeen
-	samples, ret := b.processUtilization(h, uuid, since)
+	samples, ret := h.GetProcessUtilization(since)
 	// go-nvml returns ERROR_INSUFFICIENT_SIZE with no samples when NVML
 	// sized the sample buffer at zero: no samples, as ERROR_NOT_FOUND says.
 	if ret == nvml.ERROR_INSUFFICIENT_SIZE && len(samples) == 0 {

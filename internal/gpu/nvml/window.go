@@ -56,7 +56,7 @@ func (b *Backend) updateWindow(uuid string, f func(w *sampleWindow)) {
 func (b *Backend) readUtilization(h nvml.Device, uuid string) (util float64, windowed, ok bool, err error) {
 	w := b.window(uuid)
 	if !w.noUtilSamples {
-		vt, samples, ret := b.samples(h, uuid, nvml.GPU_UTILIZATION_SAMPLES, w.utilSeen)
+		vt, samples, ret := h.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, w.utilSeen)
 		switch {
 		case ret == nvml.SUCCESS:
 			b.answered(uuid, callUtilSamples)
