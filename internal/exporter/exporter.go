@@ -111,8 +111,10 @@ type scrape struct {
 	res   attribution.Result
 	// failed names the sources that failed in this scrape.
 	failed map[string]bool
-	// capped are the containers with a pinned MPS memory limit (emitMPS).
-	capped []capped
+	// mpsGPUs are the GPUs read, true for those running an MPS server, and
+	// capped their MPS clients (emitMPS).
+	mpsGPUs map[string]bool
+	capped  []capped
 }
 
 // New builds an Exporter.
@@ -291,7 +293,7 @@ func (e *Exporter) collectProcfs(sc *scrape) bool {
 
 // collectOOM scans the joined containers for GPU OOM events.
 func (e *Exporter) collectOOM(sc *scrape) bool {
-	err := e.ooms.scan(sc.res, sc.capped, e.cfg.Pods, e.cfg.Now())
+	err := e.ooms.scan(sc.res, sc.mpsGPUs, sc.capped, e.cfg.Pods, e.cfg.Now())
 	if err != nil {
 		e.log.Warn("scanning for GPU OOM events", "err", err)
 	}

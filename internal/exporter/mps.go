@@ -124,9 +124,14 @@ func parsePinnedLimitEnv(env []byte, uuid string) (uint64, bool) {
 // carry the same labels: each limited client stands in with its limit as
 // its memory. A container with any client whose limit cannot be read gets
 // no limit series, rather than one that understates what it may take.
-// The containers with a limit series are sc.capped, whose device OOMs on
-// that GPU are their own limit's (oomCounter).
+// The GPUs read go to sc.mpsGPUs, with or without a server, and the
+// clients to sc.capped, capped when they have a limit series: their device
+// OOMs there are their own limit's (oomCounter).
 func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
+	sc.mpsGPUs = make(map[string]bool, len(sc.in.Devices))
+	for _, d := range sc.in.Devices {
+		_, sc.mpsGPUs[d.UUID] = m.server[d.UUID]
+	}
 	for uuid, b := range m.server {
 		sc.em.gauge(gpuMPSServerMem, float64(b), sc.index[uuid], uuid)
 	}
@@ -156,6 +161,7 @@ func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
 	without := map[[2]string]bool{}
 	for _, u := range attribution.Join(in).Usage {
 		without[[2]string{u.UUID, u.Namespace + "/" + u.Pod + "/" + u.Container.Container}] = true
+		sc.capped = append(sc.capped, capped{u.Namespace, u.Pod, u.Container.Container, u.UUID, false})
 	}
 	in.Devices = limited
 	for _, u := range attribution.Join(in).Usage {
@@ -163,6 +169,6 @@ func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
 			continue
 		}
 		sc.em.gauge(containerMemLimit, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, strconv.Itoa(u.GPUIndex), u.UUID)
-		sc.capped = append(sc.capped, capped{u.Namespace, u.Pod, u.Container.Container, u.UUID})
+		sc.capped = append(sc.capped, capped{u.Namespace, u.Pod, u.Container.Container, u.UUID, true})
 	}
 }

@@ -59,18 +59,28 @@ func (o *oomCounter) markResult(byName map[[2]string]*corev1.Pod, res attributio
 	}
 }
 
-// capped is a container seen as an MPS client with a pinned memory limit on
-// a GPU in this scrape.
-type capped struct{ namespace, pod, container, uuid string }
+// capped is a container seen as an MPS client on a GPU in this scrape,
+// with a pinned memory limit (capped) or without.
+type capped struct {
+	namespace, pod, container, uuid string
+	capped                          bool
+}
 
-func (o *oomCounter) scan(res attribution.Result, caps []capped, src pods.Source, now time.Time) error {
+// scan counts the OOMs of the containers in res. mpsGPUs holds the GPUs
+// read in this scrape, true for those running an MPS server; caps their
+// clients. Both are told to the tracker first, so that the counters a
+// container starts with have the kind its OOMs will count under.
+func (o *oomCounter) scan(res attribution.Result, mpsGPUs map[string]bool, caps []capped, src pods.Source, now time.Time) error {
 	byName := podsByName(src)
-	o.markResult(byName, res, now)
+	for uuid, on := range mpsGPUs {
+		o.t.MPS(uuid, on)
+	}
 	for _, c := range caps {
 		if p := byName[[2]string{c.namespace, c.pod}]; p != nil {
-			o.t.Cap(oom.Container{Namespace: c.namespace, Pod: c.pod, PodUID: logUID(p), Container: c.container}, c.uuid, now)
+			o.t.Cap(oom.Container{Namespace: c.namespace, Pod: c.pod, PodUID: logUID(p), Container: c.container}, c.uuid, c.capped, now)
 		}
 	}
+	o.markResult(byName, res, now)
 	return o.scanWatched(byName, now)
 }
 

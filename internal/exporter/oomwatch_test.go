@@ -71,10 +71,6 @@ func TestOOMWatchBetweenScrapes(t *testing.T) {
 # TYPE gpuslice_gpu_oom_events_total counter
 gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="device",namespace="ml",pod="job",source="log",uuid="` + uuid + `"} 3
 gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="device",namespace="ml",pod="job",source="termination",uuid="` + uuid + `"} 0
-gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="encoder-session",namespace="ml",pod="job",source="log",uuid="` + uuid + `"} 0
-gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="encoder-session",namespace="ml",pod="job",source="termination",uuid="` + uuid + `"} 0
-gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="process-cap",namespace="ml",pod="job",source="log",uuid="` + uuid + `"} 0
-gpuslice_gpu_oom_events_total{container="train",gpu="0",kind="process-cap",namespace="ml",pod="job",source="termination",uuid="` + uuid + `"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "gpuslice_gpu_oom_events_total"); err != nil {
 		t.Fatal(err)

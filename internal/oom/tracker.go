@@ -18,26 +18,37 @@ import (
 //     container has no GPU process, a failed pod leaves the kubelet's
 //     list) still counts.
 //   - Its counters exist at 0 from when it is first watched, one per
-//     source and per kind its OOMs can have (Kinds), so its first OOM is
-//     an increase that increase() sees, and only ever grow. A
+//     source, of the kind its plain GPU OOM would count under (ZeroKind:
+//     device, or process-cap on an MPS GPU), so its first such OOM is an
+//     increase that increase() sees, and only ever grow. The other kinds'
+//     counters appear with their first event (the alerts look for new
+//     series too): zeros of every kind tripled the series of a node, and
+//     the text of a scrape with them. A
 //     counter is dropped once its container has not been live, and the
 //     counter has not grown, for ForgetAfter: a late event keeps its series
 //     on view that long.
 //   - When a container stops being watched, the Detector buries its read
 //     state at once; the grave keeps it from counting old events again if
 //     it is watched again.
-//   - A container seen running under a memory cap of its own on a GPU
-//     (Cap: a CUDA MPS client with a pinned device-memory limit) is
-//     remembered as such until it has not been seen so for ForgetAfter, so
-//     that an OOM read after its processes exited is still judged by it.
+//   - A container seen as a CUDA MPS client on a GPU, with a pinned
+//     device-memory limit or without (Cap), is remembered as such until it
+//     has not been seen so for ForgetAfter, so that an OOM read after its
+//     processes exited is still judged by it.
 //
 // Kind: an event counts under the Kind of the line that matched, except
-// that a device OOM of a container capped on the GPU blamed counts as
-// KindProcessCap. Under MPS a client that reaches its pinned limit gets
-// CUDA's ordinary out-of-memory error (PyTorch's "CUDA out of memory",
-// JAX's RESOURCE_EXHAUSTED), which does not say that the limit, not the
-// GPU, ran out; the cap it hit is its own, as with PyTorch's
-// per-process fraction.
+// that a device OOM blamed on a GPU shared through MPS counts as
+// KindProcessCap: that of a container seen there with a pinned limit, and
+// that of a container never seen there as a client at all while the GPU
+// runs an MPS server (MPS). Under MPS a client that reaches its pinned
+// limit gets CUDA's ordinary out-of-memory error (PyTorch's "CUDA out of
+// memory", JAX's RESOURCE_EXHAUSTED), which does not say that the limit,
+// not the GPU, ran out; the cap it hit is its own, as with PyTorch's
+// per-process fraction. A client that fails at its limit as it starts
+// (a model larger than its share, the usual case) exits before any scrape
+// sees it, so the GPU's MPS server, not the client, has to tell: on a
+// real H200 the first exporter to judge by seen clients alone counted
+// such an OOM as device. Every MPS device plugin (NVIDIA's, gpuslice's)
+// gives each client a limit; a client seen without one keeps device.
 //
 // A Tracker is not safe for concurrent use.
 type Tracker struct {
@@ -45,11 +56,21 @@ type Tracker struct {
 	forgetAfter time.Duration
 	watch       map[containerKey]*watched
 	counts      map[CountKey]*count
-	// kinds are those each container's counters start at 0 with.
-	kinds []Kind
-	// caps holds, per container incarnation, the GPUs it was last seen
-	// capped on (Cap) and when.
-	caps map[Container]map[string]time.Time
+	// base is the kind of a plain GPU OOM line for this detector: device,
+	// or for patterns of the user's alone, the first of their kinds.
+	base Kind
+	// caps holds, per container incarnation, the GPUs it was last seen an
+	// MPS client on (Cap), whether with a pinned limit, and when.
+	caps map[Container]map[string]capSeen
+	// mps holds the GPUs that ran an MPS server at their last reading.
+	mps map[string]bool
+}
+
+// capSeen is a container last seen an MPS client of a GPU at seen, with a
+// pinned limit or not.
+type capSeen struct {
+	capped bool
+	seen   time.Time
 }
 
 // containerKey names a container across pod incarnations: a pod recreated
@@ -79,19 +100,21 @@ type count struct {
 // NewTracker returns a Tracker reading through d, whose Config.ForgetAfter
 // is the period. d must not be scanned by anything else.
 func NewTracker(d *Detector) *Tracker {
-	kinds := d.Kinds()
-	if slices.Contains(kinds, KindDevice) && !slices.Contains(kinds, KindProcessCap) {
-		// A capped container's device OOMs count as process-cap.
-		kinds = slices.Insert(kinds, 1, KindProcessCap)
+	base := KindUnknown
+	if kinds := d.Kinds(); slices.Contains(kinds, KindDevice) {
+		base = KindDevice
+	} else if len(kinds) > 0 {
+		base = kinds[0]
 	}
 	return &Tracker{d: d, forgetAfter: d.forgetAfter, watch: map[containerKey]*watched{}, counts: map[CountKey]*count{},
-		kinds: kinds, caps: map[Container]map[string]time.Time{}}
+		base: base, caps: map[Container]map[string]capSeen{}, mps: map[string]bool{}}
 }
 
-// Kinds are the kinds of a container's counters, each at 0 from when it is
-// first watched: the Detector's, and KindProcessCap where it has
-// KindDevice (see Cap).
-func (t *Tracker) Kinds() []Kind { return slices.Clone(t.kinds) }
+// ZeroKind is the kind of c's counters at 0 on GPU uuid: that of a plain
+// GPU OOM line of c there (see Kind in the type's comment).
+func (t *Tracker) ZeroKind(c Container, uuid string) Kind {
+	return t.kind(Event{Container: c, Kind: t.base}, uuid)
+}
 
 // ForgetAfter is the period of the forget policy.
 func (t *Tracker) ForgetAfter() time.Duration { return t.forgetAfter }
@@ -116,41 +139,58 @@ func (t *Tracker) Watch(c Container, uuid string, now time.Time) {
 	if w.uuid == "" {
 		w.uuid = uuid
 	}
+	kind := t.ZeroKind(c, w.uuid)
 	for _, src := range []Source{SourceLog, SourceTermination} {
-		for _, kind := range t.kinds {
-			ck := CountKey{c.Namespace, c.Pod, c.Container, w.uuid, src, kind}
-			if cn := t.counts[ck]; cn == nil {
-				t.counts[ck] = &count{lastSeen: now}
-			} else {
-				cn.lastSeen = now
-			}
+		ck := CountKey{c.Namespace, c.Pod, c.Container, w.uuid, src, kind}
+		if cn := t.counts[ck]; cn == nil {
+			t.counts[ck] = &count{lastSeen: now}
+		} else {
+			cn.lastSeen = now
 		}
 	}
 }
 
-// Cap records that c runs under a memory cap of its own on GPU uuid at
-// now: it is a CUDA MPS client with a pinned device-memory limit there. Its
-// device OOMs blamed on uuid count as KindProcessCap from now until it has
-// not been seen capped for ForgetAfter, whether or not its processes still
-// run when the OOM is read. A container never capped keeps the kinds of its
-// lines; a new pod UID starts over (see Watch).
-func (t *Tracker) Cap(c Container, uuid string, now time.Time) {
+// Cap records that c is a CUDA MPS client of GPU uuid at now, with a
+// pinned device-memory limit there (capped) or without. Its device OOMs
+// blamed on uuid count as KindProcessCap when capped, as KindDevice when
+// not, from now until it has not been seen a client for ForgetAfter,
+// whether or not its processes still run when the OOM is read. A new pod
+// UID starts over (see Watch).
+func (t *Tracker) Cap(c Container, uuid string, capped bool, now time.Time) {
 	m := t.caps[c]
 	if m == nil {
-		m = map[string]time.Time{}
+		m = map[string]capSeen{}
 		t.caps[c] = m
 	}
-	m[uuid] = now
+	m[uuid] = capSeen{capped, now}
+}
+
+// MPS records whether GPU uuid ran an MPS server at its latest reading:
+// the device OOMs blamed on it of containers never seen its clients count
+// as KindProcessCap while it does.
+func (t *Tracker) MPS(uuid string, on bool) {
+	if on {
+		t.mps[uuid] = true
+	} else {
+		delete(t.mps, uuid)
+	}
 }
 
 // kind is the kind an event of c blamed on uuid counts under.
 func (t *Tracker) kind(ev Event, uuid string) Kind {
-	if ev.Kind == KindDevice {
-		if _, ok := t.caps[ev.Container][uuid]; ok {
+	if ev.Kind != KindDevice {
+		return ev.Kind
+	}
+	if c, ok := t.caps[ev.Container][uuid]; ok {
+		if c.capped {
 			return KindProcessCap
 		}
+		return KindDevice
 	}
-	return ev.Kind
+	if t.mps[uuid] {
+		return KindProcessCap
+	}
+	return KindDevice
 }
 
 // Scan reads the logs of the watched containers and the terminations that
@@ -174,8 +214,8 @@ func (t *Tracker) Scan(now time.Time, terms func(Container) []Termination) error
 	}
 	t.d.forget(gone...)
 	for c, m := range t.caps {
-		for uuid, seen := range m {
-			if now.Sub(seen) > t.forgetAfter {
+		for uuid, c := range m {
+			if now.Sub(c.seen) > t.forgetAfter {
 				delete(m, uuid)
 			}
 		}

@@ -2,7 +2,6 @@ package oom
 
 import (
 	"maps"
-	"slices"
 	"testing"
 	"time"
 )
@@ -19,20 +18,10 @@ func counts(tr *Tracker) map[string]float64 {
 	return out
 }
 
-// defaultKinds are a tracker's kinds with the default patterns.
-var defaultKinds = []Kind{KindDevice, KindProcessCap, KindEncoderSession}
-
-// counters are the counters of a container watched on GPU-a: one per
-// source and default kind, device ones at log and term, the others at 0.
+// counters are the counters of a container watched on GPU-a, off MPS:
+// one per source, of kind device, at log and term.
 func counters(pod string, log, term float64) map[string]float64 {
-	out := map[string]float64{}
-	for _, k := range defaultKinds {
-		out[pod+"/GPU-a/log/"+k.Label()] = 0
-		out[pod+"/GPU-a/termination/"+k.Label()] = 0
-	}
-	out[pod+"/GPU-a/log/device"] = log
-	out[pod+"/GPU-a/termination/device"] = term
-	return out
+	return map[string]float64{pod + "/GPU-a/log/device": log, pod + "/GPU-a/termination/device": term}
 }
 
 func (w *world) trackerScan(tr *Tracker) {
@@ -129,11 +118,12 @@ func TestTrackerCountersNeverGoBack(t *testing.T) {
 	wantCounts(t, "recreated pod", tr, counters("trainer-0", 2, 0))
 }
 
-// TestTrackerCappedContainer: a container seen as capped on its GPU (an
-// MPS client with a pinned limit) has its device OOMs counted as
-// process-cap, also when read after it was last seen capped, until the
-// period has passed; other kinds keep theirs, and a container capped on
-// another GPU than the one blamed, or never capped, keeps device.
+// TestTrackerCappedContainer: a container seen an MPS client with a
+// pinned limit on its GPU has its device OOMs counted as process-cap, also
+// when read after it was last seen so, until the period has passed; other
+// kinds keep theirs. A client seen without a limit, and a container seen a
+// client of another GPU than the one blamed, keep device. The counters at
+// 0 are of the kind a plain OOM would count under.
 func TestTrackerCappedContainer(t *testing.T) {
 	const period = time.Hour
 	const nvencOOM = "[h264_nvenc @ 0x46d8300] OpenEncodeSessionEx failed: out of memory (10): (no details)"
@@ -144,41 +134,39 @@ func TestTrackerCappedContainer(t *testing.T) {
 	p, pn, pe := w.logPath(trainer, 0), w.logPath(neighbour, 0), w.logPath(elsewhere, 0)
 	w.trackerScan(tr) // baseline
 
+	tr.Cap(trainer, gpuA, true, w.now)
+	tr.Cap(neighbour, gpuA, false, w.now)
+	tr.Cap(elsewhere, "GPU-b", true, w.now)
 	for _, c := range []Container{trainer, neighbour, elsewhere} {
 		tr.Watch(c, gpuA, w.now)
 	}
-	tr.Cap(trainer, gpuA, w.now)
-	tr.Cap(elsewhere, "GPU-b", w.now)
+	wantCounts(t, "watched", tr, map[string]float64{
+		"trainer-0/GPU-a/log/process-cap": 0, "trainer-0/GPU-a/termination/process-cap": 0,
+		"sliced-0/GPU-a/log/device": 0, "sliced-0/GPU-a/termination/device": 0,
+		"other-0/GPU-a/log/device": 0, "other-0/GPU-a/termination/device": 0,
+	})
 	w.write(p, cri(0, "stderr", "F", torchOOM))
 	w.write(pn, cri(0, "stderr", "F", torchOOM))
 	w.write(pe, cri(0, "stderr", "F", torchOOM))
 	w.trackerScan(tr)
-	got := counts(tr)
-	for k, want := range map[string]float64{
-		"trainer-0/GPU-a/log/process-cap": 1, "trainer-0/GPU-a/log/device": 0,
-		"sliced-0/GPU-a/log/device": 1, "sliced-0/GPU-a/log/process-cap": 0,
-		"other-0/GPU-a/log/device": 1, "other-0/GPU-a/log/process-cap": 0,
-	} {
-		if got[k] != want {
-			t.Errorf("capped while live: %s = %v, want %v (all: %v)", k, got[k], want, got)
-		}
-	}
-	if len(got) != 3*2*3 {
-		t.Errorf("capped while live: %d counters, want 18 (3 containers × 2 sources × 3 kinds): %v", len(got), got)
-	}
+	wantCounts(t, "capped while live", tr, map[string]float64{
+		"trainer-0/GPU-a/log/process-cap": 1, "trainer-0/GPU-a/termination/process-cap": 0,
+		"sliced-0/GPU-a/log/device": 1, "sliced-0/GPU-a/termination/device": 0,
+		"other-0/GPU-a/log/device": 1, "other-0/GPU-a/termination/device": 0,
+	})
 
 	// Its processes gone (no Cap since), an OOM read later is still its
-	// own cap's; an NVENC one stays an encoder session.
+	// own cap's; an NVENC one stays an encoder session, its counter new.
 	w.now = w.now.Add(period - time.Minute)
 	w.write(p, cri(time.Minute, "stderr", "F", runtimeOOM)+cri(2*time.Minute, "stderr", "F", nvencOOM))
 	w.trackerScan(tr)
-	got = counts(tr)
-	if got["trainer-0/GPU-a/log/process-cap"] != 2 || got["trainer-0/GPU-a/log/device"] != 0 || got["trainer-0/GPU-a/log/encoder-session"] != 1 {
+	got := counts(tr)
+	if got["trainer-0/GPU-a/log/process-cap"] != 2 || got["trainer-0/GPU-a/log/encoder-session"] != 1 {
 		t.Errorf("after its processes ended: %v", got)
 	}
 
-	// Not seen capped for longer than the period, though still watched:
-	// its device OOMs are the GPU's again.
+	// Not seen a client for longer than the period, though still watched
+	// on a GPU without MPS: its device OOMs are the GPU's again.
 	w.now = w.now.Add(2 * time.Minute)
 	tr.Watch(trainer, gpuA, w.now)
 	w.write(p, cri(3*time.Minute, "stderr", "F", torchOOM))
@@ -188,7 +176,7 @@ func TestTrackerCappedContainer(t *testing.T) {
 	}
 
 	// A termination of a capped container counts as process-cap too.
-	tr.Cap(trainer, gpuA, w.now)
+	tr.Cap(trainer, gpuA, true, w.now)
 	if err := tr.Scan(w.now, func(c Container) []Termination {
 		if c != trainer {
 			return nil
@@ -201,7 +189,7 @@ func TestTrackerCappedContainer(t *testing.T) {
 		t.Errorf("termination of a capped container: %v", got)
 	}
 
-	// A new pod under the same name starts uncapped.
+	// A new pod under the same name starts as no client.
 	again := trainer
 	again.PodUID = "0e6a3c1e-7d3b-4c55-9a8e-2b7f7c1d9e01"
 	tr.Watch(again, gpuA, w.now)
@@ -212,26 +200,56 @@ func TestTrackerCappedContainer(t *testing.T) {
 	}
 }
 
-// TestTrackerKinds: the counters a container starts with are one per
-// source and per kind its OOMs can have; a pattern outside the catalogue
-// gives kind unknown, labelled "unknown".
-func TestTrackerKinds(t *testing.T) {
+// TestTrackerMPSGPU: on a GPU that runs an MPS server, the device OOMs of
+// a container never seen its client count as process-cap (a client that
+// fails at its limit as it starts is gone before any scrape; seen on a real
+// H200), its counters start as process-cap, and a client seen without a
+// limit keeps device. Once the GPU runs no server, device again.
+func TestTrackerMPSGPU(t *testing.T) {
+	w := newWorld(t)
+	tr := NewTracker(w.detector(Config{}))
+	uncapped := Container{Namespace: "ml", Pod: "nolimit-0", PodUID: "9d3e2b1a-0c4f-4e5d-8a7b-6c5d4e3f2a1b", Container: "app"}
+	w.trackerScan(tr)
+	tr.MPS(gpuA, true)
+	tr.Cap(uncapped, gpuA, false, w.now)
+	tr.Watch(trainer, gpuA, w.now)
+	tr.Watch(uncapped, gpuA, w.now)
+	w.write(w.logPath(trainer, 0), cri(0, "stderr", "F", torchOOM))
+	w.write(w.logPath(uncapped, 0), cri(0, "stderr", "F", torchOOM))
+	w.trackerScan(tr)
+	wantCounts(t, "MPS GPU", tr, map[string]float64{
+		"trainer-0/GPU-a/log/process-cap": 1, "trainer-0/GPU-a/termination/process-cap": 0,
+		"nolimit-0/GPU-a/log/device": 1, "nolimit-0/GPU-a/termination/device": 0,
+	})
+	tr.MPS(gpuA, false)
+	w.write(w.logPath(trainer, 0), cri(time.Minute, "stderr", "F", torchOOM))
+	w.trackerScan(tr)
+	if got := counts(tr); got["trainer-0/GPU-a/log/device"] != 1 || got["trainer-0/GPU-a/log/process-cap"] != 1 {
+		t.Errorf("MPS off: %v", got)
+	}
+}
+
+// TestTrackerZeroKind: the counters a container starts with are of the
+// kind of a plain GPU OOM: device with the catalogue or any set of
+// patterns that has a device one, else the first kind of the user's
+// patterns (unknown for one outside the catalogue, labelled "unknown").
+func TestTrackerZeroKind(t *testing.T) {
 	device := Catalogue[len(Catalogue)-1]
 	if device.Kind != KindDevice {
 		t.Fatalf("the catalogue's last signature is %q, not a device one", device.Kind)
 	}
 	for _, tc := range []struct {
 		patterns []string
-		want     []Kind
+		want     Kind
 	}{
-		{nil, defaultKinds},
-		{[]string{`my own oom`}, []Kind{KindUnknown}},
-		{[]string{device.Pattern, `my own oom`}, []Kind{KindDevice, KindProcessCap, KindUnknown}},
+		{nil, KindDevice},
+		{[]string{`my own oom`}, KindUnknown},
+		{[]string{device.Pattern, `my own oom`}, KindDevice},
 	} {
 		w := newWorld(t)
 		tr := NewTracker(w.detector(Config{Patterns: tc.patterns}))
-		if got := tr.Kinds(); !slices.Equal(got, tc.want) {
-			t.Errorf("patterns %q: kinds %q, want %q", tc.patterns, got, tc.want)
+		if got := tr.ZeroKind(trainer, gpuA); got != tc.want {
+			t.Errorf("patterns %q: zero kind %q, want %q", tc.patterns, got, tc.want)
 		}
 	}
 	if KindUnknown.Label() != "unknown" || KindDevice.Label() != "device" {
@@ -242,8 +260,8 @@ func TestTrackerKinds(t *testing.T) {
 	tr := NewTracker(w.detector(Config{Patterns: []string{`my own oom`}}))
 	p := w.logPath(trainer, 0)
 	w.trackerScan(tr)
+	tr.Cap(trainer, gpuA, true, w.now)
 	tr.Watch(trainer, gpuA, w.now)
-	tr.Cap(trainer, gpuA, w.now)
 	w.write(p, cri(0, "stderr", "F", "my own oom"))
 	w.trackerScan(tr)
 	wantCounts(t, "own pattern", tr, map[string]float64{"trainer-0/GPU-a/log/unknown": 1, "trainer-0/GPU-a/termination/unknown": 0})
