@@ -3,6 +3,7 @@ package nvmlbackend_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpuslice/gpuslice/internal/gpu"
+	nvmlbackend "github.com/gpuslice/gpuslice/internal/gpu/nvml"
 )
 
 // migSlot is one MIG device of a mocked MIG-enabled GPU, or an empty slot
@@ -244,5 +246,43 @@ func TestMIGFailureLoggedOnce(t *testing.T) {
 	}
 	if c := logs.count("MIG device 0"); c != 0 {
 		t.Errorf("MIG device 0, answering all along, logged %d times\n%s", c, logs.String())
+	}
+}
+
+// TestMIGModeAskedAgainAfterRecheck: a GPU that says MIG is off is not
+// asked its MIG mode again for 30 s, then is, and a MIG turned on in
+// between shows then; a GPU without MIG support is asked once.
+func TestMIGModeAskedAgainAfterRecheck(t *testing.T) {
+	n := newNode(t)
+	clk := newClock()
+	asked := map[int]int{}
+	for i, g := range n.gpus[:2] {
+		ret := []nvml.Return{nvml.SUCCESS, nvml.ERROR_NOT_SUPPORTED}[i]
+		g.GetMigModeFunc = func() (int, int, nvml.Return) {
+			asked[i]++
+			return g.MigMode, g.MigMode, ret
+		}
+	}
+	b, err := nvmlbackend.New(n, nvmlbackend.Options{XidPollTimeout: 5 * time.Millisecond, Now: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	for range 3 {
+		snapshot(t, b)
+		clk.advance(9 * time.Second)
+	}
+	if asked[0] != 1 || asked[1] != 1 {
+		t.Fatalf("MIG mode asked %v times within 27 s, want once each", asked)
+	}
+	enableMIG(n.gpus[0], []*migSlot{{uuid: mig1, gi: 1, ci: 0, total: gib, handleOK: true}})
+	if s := snapshot(t, b); s.Devices[0].MIGEnabled {
+		t.Fatal("MIG seen on before the recheck")
+	}
+	clk.advance(4 * time.Second)
+	s := snapshot(t, b)
+	if !s.Devices[0].MIGEnabled || len(s.Devices[0].MIGDevices) != 1 || asked[0] != 2 || asked[1] != 1 {
+		t.Fatalf("after 31 s: MIG enabled %v with %d devices, asked %v; want on, 1 device, asked twice and once",
+			s.Devices[0].MIGEnabled, len(s.Devices[0].MIGDevices), asked)
 	}
 }
