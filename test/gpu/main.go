@@ -502,7 +502,7 @@ func (e *env) checkOOMs(ctx context.Context) []row {
 	counted := func(m map[string][]series, p *pod) (float64, string) {
 		var kinds []string
 		for _, s := range m["gpuslice_gpu_oom_events_total"] {
-			if s.Labels["pod"] == p.Name && s.Labels["namespace"] == namespace {
+			if s.Labels["pod"] == p.Name && s.Labels["namespace"] == namespace && s.Value > 0 {
 				kinds = append(kinds, s.Labels["kind"])
 			}
 		}

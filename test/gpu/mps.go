@@ -229,7 +229,7 @@ func (e *env) checkMPS(ctx context.Context) []row {
 		memA/mib, nvmlA, limA/mib, limit/mib, hasUtil, server/mib, un/mib)})
 	var kinds []string
 	for _, s := range m["gpuslice_gpu_oom_events_total"] {
-		if s.Labels["pod"] == b.Name {
+		if s.Labels["pod"] == b.Name && s.Value > 0 {
 			kinds = append(kinds, s.Labels["kind"])
 		}
 	}
