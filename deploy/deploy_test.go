@@ -756,6 +756,16 @@ func TestRenderedWorkloads(t *testing.T) {
 		}
 		checkHostMount(t, plugin, "/run/nvidia/mps", "/run/nvidia/mps", true)
 		checkLocked(t, plugin)
+		// The exporter reads MPS clients' limits from their environ: another
+		// uid's needs CAP_SYS_PTRACE, added to what it drops, only with MPS.
+		for name, want := range map[string][]any{"mps": {"SYS_PTRACE"}, "plugin": nil} {
+			exp := find(t, render(t, h, sets[name]), "DaemonSet", map[string]string{"mps": "mps", "plugin": "gp"}[name]+"-gpuslice-exporter")
+			sc := container(t, exp)["securityContext"].(map[string]any)
+			caps := sc["capabilities"].(map[string]any)
+			if add, _ := caps["add"].([]any); !slices.Equal(add, want) || fmt.Sprint(caps["drop"]) != "[ALL]" {
+				t.Errorf("value set %s: %s capabilities %v, want drop [ALL], add %v", name, exp, caps, want)
+			}
+		}
 		cm := find(t, objs, "ConfigMap", "mps-gpuslice-plugin-config")
 		f, err := dpconfig.Parse([]byte(nested[string](t, cm, "data", "default")))
 		if err != nil || !f.Config().MPS || f.Config().MPSSharing.Replicas() != 4 {
