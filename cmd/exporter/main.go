@@ -31,6 +31,7 @@ import (
 	"github.com/gpuslice/gpuslice/internal/oom"
 	"github.com/gpuslice/gpuslice/internal/podresources"
 	"github.com/gpuslice/gpuslice/internal/pods"
+	"github.com/gpuslice/gpuslice/internal/procmetrics"
 	"github.com/gpuslice/gpuslice/internal/serve"
 )
 
@@ -165,7 +166,7 @@ func run(ctx context.Context, args []string) error {
 	// The registry holds the Go runtime's and the process's metrics; the
 	// exporter's handler serves them beside its own series.
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), procmetrics.New())
 	log.Info("gpuslice-exporter listening", "address", o.listen, "path", o.metricsPath, "backend", o.backend, "pods", o.podsSource)
 	return serve.Run(ctx, serve.Options{
 		Name:          "gpuslice-exporter",

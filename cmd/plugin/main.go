@@ -27,6 +27,7 @@ import (
 	"github.com/gpuslice/gpuslice/internal/mps"
 	"github.com/gpuslice/gpuslice/internal/plugin"
 	"github.com/gpuslice/gpuslice/internal/podresources"
+	"github.com/gpuslice/gpuslice/internal/procmetrics"
 	"github.com/gpuslice/gpuslice/internal/serve"
 )
 
@@ -119,7 +120,7 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	defer gpus.Close()
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), procmetrics.New())
 	opts := plugin.Options{
 		Backend: gpus, Source: source, DevicePluginDir: o.pluginDir, KubeletSocket: o.kubeletSocket,
 		Policy: policy, Guardrails: guardrails, MPSRoot: o.mpsRoot, HealthInterval: o.healthInterval, RecoveryInterval: o.recovery, HeldInterval: o.heldPoll,

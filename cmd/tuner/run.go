@@ -23,6 +23,7 @@ import (
 
 	"github.com/gpuslice/gpuslice/internal/flagenv"
 	"github.com/gpuslice/gpuslice/internal/logging"
+	"github.com/gpuslice/gpuslice/internal/procmetrics"
 	"github.com/gpuslice/gpuslice/internal/serve"
 	"github.com/gpuslice/gpuslice/internal/tuner/config"
 	"github.com/gpuslice/gpuslice/internal/tuner/controller"
@@ -140,7 +141,7 @@ func runCommand(ctx context.Context, args []string) error {
 	defer shutdownTracing()
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), procmetrics.New())
 	ctl, err := controller.New(controller.Options{
 		Config: cfg, Client: client, Source: source, Logger: log, Registerer: reg, Tracer: tracer, Identity: o.identity,
 	})
