@@ -165,7 +165,10 @@ func (n *node) addPod(name string, env []string, args ...string) (*pod, error) {
 func (n *node) run(p *pod, env []string, args []string) error {
 	argv := append([]string{"-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, p.cgroup, n.python, n.workload}, args...)
 	p.cmd = exec.Command("/bin/sh", argv...)
-	p.cmd.Env = append(os.Environ(), env...)
+	// On a machine with several GPUs, CUDA's device 0 is the fastest, not
+	// nvidia-smi's first: every pod runs on the GPU under test (a pod's own
+	// env, after, may say otherwise).
+	p.cmd.Env = append(append(os.Environ(), "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES="+n.uuid), env...)
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	log, err := os.OpenFile(p.logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
