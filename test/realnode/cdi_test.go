@@ -26,14 +26,26 @@ import (
 // driver's libnvidia-ml.so.1, here the simulated one at lib). The simulated
 // GPU's "device node" is the driver directory plus the selection fakecuda
 // reads (NVIDIA_VISIBLE_DEVICES); GPUSLICE_CDI_DEVICE tells which spec entry
-// was applied.
-func simCDISpec(lib string) string {
+// was applied. Each of extra ("HOSTPATH=CONTAINERPATH") is one more file
+// mounted read-only into every GPU container, as the spec mounts the
+// driver's programs (nvidia-smi, nvidia-cuda-mps-control, …) on a real node.
+func simCDISpec(lib string, extra ...string) string {
 	dev := func(name, visible string) string {
 		return fmt.Sprintf("  - name: %q\n    containerEdits:\n      env: [NVIDIA_VISIBLE_DEVICES=%s, GPUSLICE_CDI_DEVICE=nvidia.com/gpu=%s]\n", name, visible, name)
 	}
 	return "cdiVersion: \"0.5.0\"\nkind: nvidia.com/gpu\ndevices:\n" + dev(gpuUUID, gpuUUID) + dev("0", gpuUUID) + dev("all", "all") +
 		fmt.Sprintf("containerEdits:\n  mounts:\n    - {hostPath: %s, containerPath: %s, options: [rbind, ro]}\n", simGPUPath, simGPUPath) +
-		fmt.Sprintf("    - {hostPath: %s, containerPath: %s, options: [ro, nosuid, nodev, bind]}\n", lib, nvmlContainerPath)
+		fmt.Sprintf("    - {hostPath: %s, containerPath: %s, options: [ro, nosuid, nodev, bind]}\n", lib, nvmlContainerPath) +
+		extraMounts(extra)
+}
+
+func extraMounts(extra []string) string {
+	var b strings.Builder
+	for _, m := range extra {
+		host, ctr, _ := strings.Cut(m, "=")
+		fmt.Fprintf(&b, "    - {hostPath: %s, containerPath: %s, options: [ro, nosuid, nodev, bind]}\n", host, ctr)
+	}
+	return b.String()
 }
 
 // nvmlContainerPath is where the NVIDIA container toolkit puts the driver's
@@ -42,15 +54,15 @@ const nvmlContainerPath = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 
 // writeSimCDISpec puts simCDISpec in the node's CDI spec directory, as
 // `nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml` does on a GPU
-// node, until the end of the test.
-func writeSimCDISpec(t *testing.T) {
+// node, until the end of the test; extra as simCDISpec's.
+func writeSimCDISpec(t *testing.T, extra ...string) {
 	t.Helper()
 	n := world.node
 	if n.CDISpecDir == "" {
 		t.Fatal("the node has no CDI runtime: NVIDIA's nvidia-container-runtime.cdi is not built (run `make test-bins`, which runs hack/nvidia-bins.sh)")
 	}
 	spec := filepath.Join(n.CDISpecDir, "gpuslice-sim.yaml")
-	if err := os.WriteFile(spec, []byte(simCDISpec(nvmlLib(t))), 0o644); err != nil {
+	if err := os.WriteFile(spec, []byte(simCDISpec(nvmlLib(t), extra...)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(spec) })

@@ -73,6 +73,12 @@ func (c *Context) SetSM(r float64) error {
 	return err
 }
 
+// MPSServer makes the calling process the GPU's MPS server.
+func (c *Context) MPSServer() error {
+	_, err := c.call("mps-server")
+	return err
+}
+
 // Free bytes on the GPU and bytes this context holds.
 func (c *Context) Info() (free, used uint64, err error) {
 	f, err := c.call("info")

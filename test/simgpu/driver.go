@@ -17,7 +17,12 @@
 // MPS: a process whose environment (/proc/<pid>/environ when it opens the
 // GPU) carries CUDA_MPS_PINNED_DEVICE_MEM_LIMIT gets that limit, as a real
 // MPS client does: an allocation past it fails for that process alone, with
-// the GPU's memory still free for the others.
+// the GPU's memory still free for the others. A process that sends
+// mps-server after opening a GPU is that GPU's MPS server (test/simgpu/fakemps
+// plays nvidia-cuda-mps-server): the sim file marks it `mpsServer: true`, and,
+// as NVML reports per-process utilization on an MPS GPU for the server alone,
+// the SM utilization of the GPU's other processes (its clients) is listed as
+// the server's, summed, and not as theirs.
 //
 // The driver renders the state as the simulated-GPU file of DESIGN.md
 // (internal/gpu/sim's format), replaced atomically after every change, so
@@ -31,6 +36,7 @@
 //	free BYTES      -> ok USED
 //	sm RATIO        -> ok                       this process's SM utilization, 0..1
 //	info            -> ok UUID TOTAL FREE USED
+//	mps-server      -> ok                       this process is the GPU's MPS server
 package simgpu
 
 import (
@@ -40,6 +46,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -88,6 +95,8 @@ type procInfo struct {
 	sm   *float64
 	// limit is the process's MPS pinned memory limit; 0: none.
 	limit uint64
+	// mpsServer: the process said it is the GPU's MPS server.
+	mpsServer bool
 }
 
 // Start serves the GPUs of base (their processes are ignored: the driver's
@@ -148,6 +157,25 @@ func (d *Driver) Processes() map[string]map[int]uint64 {
 			out[u] = map[int]uint64{}
 		}
 		out[u][c.pid] += p.used
+	}
+	return out
+}
+
+// MPSServers returns the host PIDs of the MPS servers, per GPU UUID.
+func (d *Driver) MPSServers() map[string][]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string][]int{}
+	for c, p := range d.procs {
+		if p.mpsServer {
+			u := d.base.GPUs[p.gpu].UUID
+			if !slices.Contains(out[u], c.pid) {
+				out[u] = append(out[u], c.pid)
+			}
+		}
+	}
+	for _, pids := range out {
+		slices.Sort(pids)
 	}
 	return out
 }
@@ -296,6 +324,9 @@ func (d *Driver) request(c *client, line string) (reply string, changed bool) {
 		}
 		p.sm = &r
 		return "ok", true
+	case "mps-server":
+		p.mpsServer = true
+		return "ok", true
 	case "info":
 		g := d.base.GPUs[p.gpu]
 		used := d.usedLocked(p.gpu)
@@ -356,6 +387,7 @@ func (d *Driver) usedLocked(gpu int) uint64 {
 
 // render writes the sim file: the base GPUs with one process per host PID
 // (a process with several connections to one GPU is listed once, summed).
+// On a GPU with an MPS server, the clients' SM utilization is the server's.
 func (d *Driver) render() error {
 	d.renderMu.Lock()
 	defer d.renderMu.Unlock()
@@ -365,6 +397,12 @@ func (d *Driver) render() error {
 	copy(f.GPUs, d.base.GPUs)
 	type key struct{ gpu, pid int }
 	merged := map[key]*sim.Process{}
+	server := map[int]int{} // GPU -> its MPS server's PID
+	for c, p := range d.procs {
+		if p.mpsServer {
+			server[p.gpu] = c.pid
+		}
+	}
 	for c, p := range d.procs {
 		k := key{p.gpu, c.pid}
 		m := merged[k]
@@ -373,11 +411,27 @@ func (d *Driver) render() error {
 			merged[k] = m
 		}
 		m.UsedMemoryBytes += p.used
-		if p.sm != nil {
-			v := *p.sm
-			if m.SMUtilization != nil {
-				v += *m.SMUtilization
+		m.MPSServer = m.MPSServer || p.mpsServer
+		if p.sm == nil {
+			continue
+		}
+		if pid, ok := server[p.gpu]; ok && pid != c.pid {
+			// NVML samples the MPS server for all of its clients.
+			k = key{p.gpu, pid}
+			if m = merged[k]; m == nil {
+				m = &sim.Process{PID: pid}
+				merged[k] = m
 			}
+		}
+		v := *p.sm
+		if m.SMUtilization != nil {
+			v += *m.SMUtilization
+		}
+		m.SMUtilization = &v
+	}
+	for _, m := range merged {
+		if m.MPSServer && m.SMUtilization != nil && *m.SMUtilization > 1 {
+			v := 1.0
 			m.SMUtilization = &v
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +197,119 @@ func TestMPSPinnedLimit(t *testing.T) {
 	free.Env = env
 	if out, err := free.CombinedOutput(); err != nil {
 		t.Fatalf("the same client without a limit: %v\n%s", err, out)
+	}
+}
+
+// TestFakeMPS runs test/simgpu/fakemps as a chart's daemon runs it: the
+// control daemon starts its server, which the sim file lists as the GPU's
+// MPS server with its own memory and the SM utilization of its clients; a
+// fake-CUDA client with CUDA_MPS_PIPE_DIRECTORY finds the daemon, and one
+// finds none after quit; nvidia-smi -c succeeds.
+func TestFakeMPS(t *testing.T) {
+	d := startDriver(t)
+	bin := testproc.BuildStatic(t, "test/simgpu/fakemps")
+	cuda := testproc.BuildStatic(t, "test/simgpu/fakecuda")
+	progs := t.TempDir()
+	for _, name := range []string{"nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "nvidia-smi"} {
+		if err := os.Symlink(bin, filepath.Join(progs, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root := t.TempDir()
+	pipe, logs := filepath.Join(root, "pipe"), filepath.Join(root, "log")
+	env := append(os.Environ(), "PATH="+progs+":"+os.Getenv("PATH"), simgpu.EnvDir+"="+d.Dir(), simgpu.EnvVisibleDev+"=all",
+		"CUDA_MPS_PIPE_DIRECTORY="+pipe, "CUDA_MPS_LOG_DIRECTORY="+logs)
+	run := func(stdin string, args ...string) (string, error) {
+		cmd := exec.Command(filepath.Join(progs, args[0]), args[1:]...)
+		cmd.Env, cmd.Stdin = env, strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := run("", "nvidia-smi", "-c", "EXCLUSIVE_PROCESS"); err != nil || !strings.Contains(out, "Set compute mode to EXCLUSIVE_PROCESS for GPU "+uuid) {
+		t.Fatalf("nvidia-smi -c EXCLUSIVE_PROCESS: %v\n%s", err, out)
+	}
+	if out, err := run("get_default_active_thread_percentage\n", "nvidia-cuda-mps-control"); err == nil {
+		t.Fatalf("the control client answered with no daemon running:\n%s", out)
+	}
+	if out, err := run("", "nvidia-cuda-mps-control", "-d"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(logs, "control.log"))
+		t.Fatalf("nvidia-cuda-mps-control -d: %v\n%s\n%s", err, out, log)
+	}
+	t.Cleanup(func() { _, _ = run("quit\n", "nvidia-cuda-mps-control") })
+	if out, err := run("", "nvidia-cuda-mps-control", "-d"); err == nil {
+		t.Fatalf("a second daemon on the same pipe directory started:\n%s", out)
+	}
+	if out, err := run("get_default_active_thread_percentage\n", "nvidia-cuda-mps-control"); err != nil || strings.TrimSpace(out) != "100.0" {
+		t.Fatalf("get_default_active_thread_percentage: %v %q", err, out)
+	}
+	servers := d.MPSServers()
+	if len(servers[uuid]) != 1 || len(servers["GPU-00000000-0000-0000-0000-000000000002"]) != 1 {
+		t.Fatalf("MPS servers %v, want one on each GPU", servers)
+	}
+	server := servers[uuid][0]
+	if out, err := run("get_server_list\n", "nvidia-cuda-mps-control"); err != nil || strings.TrimSpace(out) != fmt.Sprint(server) {
+		t.Fatalf("get_server_list: %v %q, want %d", err, out, server)
+	}
+	if cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", server)); !strings.HasPrefix(string(cmdline), "nvidia-cuda-mps-server\x00") {
+		t.Errorf("the server's cmdline is %q", cmdline)
+	}
+
+	client := exec.Command(cuda, "-memory", "0s=1Gi", "-sm", "0.3")
+	client.Env = append(env, simgpu.EnvVisibleDev+"="+uuid, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2G")
+	var cout bytes.Buffer
+	client.Stdout, client.Stderr = &cout, &cout
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Process.Kill(); client.Wait() })
+	testproc.Eventually(t, 10*time.Second, 20*time.Millisecond, func() string {
+		if d.Processes()[uuid][client.Process.Pid] != gib {
+			return "the client's 1 GiB is not on the GPU: " + cout.String()
+		}
+		return ""
+	})
+	if !strings.Contains(cout.String(), fmt.Sprintf("MPS client of server pid %d", server)) {
+		t.Errorf("the client's output does not name the server:\n%s", cout.String())
+	}
+	f := readSim(t, d)
+	for _, p := range f.GPUs[0].Processes {
+		switch p.PID {
+		case server:
+			if !p.MPSServer || p.UsedMemoryBytes != 66<<20 || p.SMUtilization == nil || *p.SMUtilization != 0.3 {
+				t.Errorf("the server's entry: %+v, want mpsServer, 66 MiB and its client's SM 0.3", p)
+			}
+		case client.Process.Pid:
+			if p.MPSServer || p.SMUtilization != nil {
+				t.Errorf("the client's entry: %+v, want no mpsServer and no SM utilization of its own", p)
+			}
+		default:
+			t.Errorf("unexpected process %+v", p)
+		}
+	}
+	client.Process.Kill()
+	client.Wait()
+
+	if out, err := run("quit\n", "nvidia-cuda-mps-control"); err != nil {
+		t.Fatalf("quit: %v\n%s", err, out)
+	}
+	testproc.Eventually(t, 10*time.Second, 20*time.Millisecond, func() string {
+		if s := d.MPSServers(); len(s) > 0 {
+			return fmt.Sprintf("MPS servers %v after quit", s)
+		}
+		if _, err := os.Stat(filepath.Join(pipe, simgpu.MPSControlSocket)); err == nil {
+			return "the control socket is still there after quit"
+		}
+		return ""
+	})
+	late := exec.Command(cuda, "-memory", "0s=1Gi", "-run", "100ms")
+	late.Env = append(env, simgpu.EnvVisibleDev+"="+uuid)
+	if out, err := late.CombinedOutput(); err == nil || !strings.Contains(string(out), "all CUDA-capable devices are busy or unavailable") {
+		t.Errorf("a client with no daemon: %v\n%s", err, out)
+	}
+	log, _ := os.ReadFile(filepath.Join(logs, "control.log"))
+	for _, want := range []string{"Cmd: get_default_active_thread_percentage", "Cmd: quit", fmt.Sprintf("Server %d started", server)} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("control.log has no %q:\n%s", want, log)
+		}
 	}
 }

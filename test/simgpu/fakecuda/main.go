@@ -16,6 +16,11 @@
 // further after the last step. -run ends the process with status 0 after
 // that long (0: run until killed). The driver's directory comes from
 // GPUSLICE_SIM_DIR (default /run/gpuslice-sim).
+//
+// With CUDA_MPS_PIPE_DIRECTORY set it is a CUDA MPS client: before it opens
+// the GPU it asks the control daemon there (test/simgpu/fakemps) for its
+// server, and fails as CUDA does when none answers. Its pinned memory limit
+// (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) is enforced by the simulated driver.
 package main
 
 import (
@@ -31,6 +36,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuslice/gpuslice/internal/mps"
 	"github.com/gpuslice/gpuslice/test/simgpu"
 )
 
@@ -102,6 +108,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dir := os.Getenv(simgpu.EnvDir)
 	if dir == "" {
 		dir = simgpu.DefaultDir
+	}
+	if pipe := os.Getenv(mps.EnvPipeDirectory); pipe != "" {
+		// An MPS client: CUDA connects to the control daemon first, and on
+		// an EXCLUSIVE_PROCESS GPU held by the MPS server a client that
+		// finds no daemon gets no device.
+		pid, err := simgpu.MPSCommand(pipe, "get_server_list")
+		if err == nil && pid == "" {
+			err = errors.New("the daemon lists no server")
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable (MPS control daemon at %s: %v)\n", pipe, err)
+			return 1
+		}
+		if !*quiet {
+			fmt.Fprintf(stdout, "fakecuda: MPS client of server pid %s (pipe directory %s)\n", pid, pipe)
+		}
 	}
 	ctx, err := simgpu.Open(dir, sel)
 	if err != nil {
