@@ -143,6 +143,7 @@ func decideMPSGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint u
 		v.latest, v.ok = v.ledgerAt(len(v.window)-1, cfg.Window)
 	}
 	d := v.decideMPS(obs.LastChange)
+	d.CrashLoops = v.mpsLoops()
 	d.FootprintBytes = v.footprint
 	d.GPU = g.UUID
 	d.Message = g.UUID + ": " + d.Message
@@ -169,10 +170,56 @@ func (v gpuView) mpsQueue(led ledger) []mpsDemand {
 		}
 		need := capNeed(w.CapBytes)
 		if d.none || d.mean < need {
-			out[i].item = item{mean: need, sd: max(d.sd, settledSpread*need)}
+			// What its pods showed under a cap says nothing of their
+			// spread beyond it: the bump is the estimate.
+			out[i].item = item{mean: need, sd: settledSpread * need}
 			out[i].none = false
 		}
 		out[i].capped = true
+	}
+	return out
+}
+
+// mpsArrival is the price of a pod not here yet (arrival), and at least
+// capNeed for a workload that ran out at its limit within PeakHold: its
+// next pods are likely to come (a fine-tune an hour after the last), and a
+// spare replica is taken at once by whoever comes, at the spare's limit,
+// before the tuner sees them wait.
+func (v gpuView) mpsArrival(led ledger) item {
+	a := v.arrival(led)
+	for _, w := range v.obs.Memory.Workloads {
+		if w.CapBytes > 0 && v.now.Sub(w.CapAt) <= PeakHold {
+			if need := capNeed(w.CapBytes); need > a.mean {
+				a = item{mean: need, sd: max(a.sd, settledSpread*need)}
+			}
+		}
+	}
+	return a
+}
+
+// mpsLoops are the containers that ran out at their own limit twice or
+// more in the window: under MPS their limit is fixed, so they loop until
+// they end, and only their eviction (a new pod, a new limit) ends it.
+func (v gpuView) mpsLoops() []CrashLoop {
+	n := map[string]int{}
+	for _, s := range v.window {
+		for _, o := range s.OOMs {
+			if o.Kind == OOMCap && o.Container != "" {
+				n[o.Container]++
+			}
+		}
+	}
+	var out []CrashLoop
+	if len(v.window) == 0 {
+		return nil
+	}
+	latest := v.window[len(v.window)-1]
+	for _, c := range slices.Sorted(maps.Keys(n)) {
+		_, runs := latest.ContainerPeaks[c]
+		_, holds := latest.ContainerLimits[c]
+		if n[c] >= 2 && (runs || holds) {
+			out = append(out, CrashLoop{Container: c, GPU: v.uuid, OOMs: n[c], Evict: v.cfg.EvictCrashLoops})
+		}
 	}
 	return out
 }
@@ -316,7 +363,7 @@ func (v gpuView) weighMPS(led ledger, q []mpsDemand, n int) candidate {
 		k++
 	}
 	c.admitted = k
-	arrival := v.arrival(led)
+	arrival := v.mpsArrival(led)
 	if len(q) == 0 && free > 0 && arrival.mean > 0 {
 		c.spares = free
 		for range free {
