@@ -27,7 +27,6 @@ func (s script) Decide(obs policy.Observation) policy.Decision {
 	return policy.Decision{Replicas: *s.cur, Reason: "Script"}
 }
 
-
 func mpsTrace(t *testing.T, body string) *Trace {
 	t.Helper()
 	tr, err := ParseTrace("mps.yaml", []byte("sharing: mps\ngpu: {memoryTotalBytes: 51539607552}\n"+body))
