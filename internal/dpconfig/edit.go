@@ -61,7 +61,7 @@ func (f *File) SetReplicas(n int) (changed bool, err error) {
 	case len(f.cfg.Resources) == 0:
 		addTimeSlicing(doc, n)
 	default:
-		data = setReplicaValues(f.data, doc, n)
+		data = setReplicaValues(f.data, doc, keyTimeSlice, n)
 	}
 	if data == nil {
 		if data, err = encode(doc); err != nil {
@@ -109,10 +109,11 @@ func spellFlowNulls(n *yaml.Node, flow bool) {
 	}
 }
 
-// replicaNodes returns, for every time-slicing resource, the mapping that
-// holds its replicas and the index of the value in that mapping's Content.
-func replicaNodes(doc *yaml.Node) (maps []*yaml.Node, idx []int) {
-	ts := child(child(resolve(doc.Content[0]), keySharing), keyTimeSlice)
+// replicaNodes returns, for every resource under sharing.<mode>
+// (timeSlicing or mps), the mapping that holds its replicas and the index
+// of the value in that mapping's Content.
+func replicaNodes(doc *yaml.Node, mode string) (maps []*yaml.Node, idx []int) {
+	ts := child(child(resolve(doc.Content[0]), keySharing), mode)
 	res := child(ts, keyResources)
 	if res == nil {
 		return nil, nil
@@ -126,12 +127,12 @@ func replicaNodes(doc *yaml.Node) (maps []*yaml.Node, idx []int) {
 	return maps, idx
 }
 
-// setReplicaValues sets every replicas value to n. Where each value is a
+// setReplicaValues sets every replicas value under sharing.<mode> to n. Where each value is a
 // plain number in the text, it returns the original bytes with just those
 // numbers replaced, so formatting and comments stay exactly as written;
 // otherwise it changes the tree and returns nil.
-func setReplicaValues(data []byte, doc *yaml.Node, n int) []byte {
-	maps, idx := replicaNodes(doc)
+func setReplicaValues(data []byte, doc *yaml.Node, mode string, n int) []byte {
+	maps, idx := replicaNodes(doc, mode)
 	value := strconv.Itoa(n)
 	type splice struct{ off, end int }
 	var splices []splice

@@ -397,6 +397,8 @@ type work struct {
 	// record is the node's last-decision annotation, nil when absent or
 	// unreadable.
 	record *Record
+	// mps says the node's config shares its GPUs through MPS (mps.go).
+	mps bool
 }
 
 // round gathers, then hands the nodes with signals to the mode's applier,

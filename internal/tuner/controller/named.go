@@ -84,7 +84,7 @@ func (c *Controller) derived(cm *corev1.ConfigMap, n int) (*dpconfig.File, []byt
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := f.SetReplicas(n); err != nil {
+	if _, err := f.SetSharedReplicas(n); err != nil {
 		return nil, nil, err
 	}
 	out, err := f.Marshal()
@@ -114,7 +114,7 @@ func (c *Controller) namedConfigs(cm *corev1.ConfigMap) (want map[string]string,
 	}
 	for n := c.cfg.Policy.MinReplicas; n <= c.cfg.Policy.MaxReplicas; n++ {
 		k := c.namedKey(n)
-		if broken[k] != nil {
+		if broken[k] != nil || n < c.namedFloor(cm) {
 			continue
 		}
 		_, out, err := c.derived(cm, n)

@@ -67,7 +67,8 @@ func (c *Controller) perNode(ctx context.Context, now time.Time, w *work, cm *co
 	broken map[string]error, readyAt time.Time) {
 	name, label := w.node.Name, w.node.Labels[ConfigLabel]
 	c.m.configInvalid.WithLabelValues(name).Set(0)
-	replicas := cur.Replicas()
+	replicas := cur.SharedReplicas()
+	w.mps = cur.MPS()
 	lastChange, lastDirection := w.record.lastChange(), w.record.lastChangeDirection()
 	c.adopt(w, now, replicas, cur.Config())
 	c.checkVerify(w, now, replicas)

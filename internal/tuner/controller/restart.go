@@ -52,7 +52,7 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 		}
 		return nil
 	}
-	cur, curCfg := f.Replicas(), f.Config()
+	cur, curCfg := f.SharedReplicas(), f.Config()
 	lastChange := annotationTime(cm.Annotations, AnnotationLastChange)
 	lastDirection := cm.Annotations[AnnotationLastChangeDirection]
 	if s := cm.Annotations[AnnotationLastChange]; s != "" && lastChange.IsZero() {
@@ -73,6 +73,7 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 	}()
 	for _, w := range r.ws {
 		c.m.configInvalid.WithLabelValues(w.node.Name).Set(0)
+		w.mps = curCfg.MPS
 		c.adopt(w, now, cur, curCfg)
 		c.checkVerify(w, now, cur)
 		d, span := c.decide(ctx, w, cur, lastChange, lastDirection, now, floor, c.sem.resource(curCfg))
@@ -177,7 +178,7 @@ func (a restartApplier) writeKey(ctx context.Context, from, to int, stamp string
 		if err != nil {
 			return err
 		}
-		if got := f.Replicas(); got != from {
+		if got := f.SharedReplicas(); got != from {
 			return fmt.Errorf("%w: ConfigMap %s key %q has %d replicas, the decision saw %d", ErrStale, c.cfg.Apply.ConfigMap, c.cfg.Apply.Key, got, from)
 		}
 		src := sharedConfig(cm, f)
@@ -187,7 +188,7 @@ func (a restartApplier) writeKey(ctx context.Context, from, to int, stamp string
 		default:
 			delete(cm.Annotations, AnnotationSharedConfig)
 		}
-		if _, err := src.SetReplicas(to); err != nil {
+		if _, err := src.SetSharedReplicas(to); err != nil {
 			return err
 		}
 		data, err := src.Marshal()

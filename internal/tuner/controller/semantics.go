@@ -33,6 +33,9 @@ func (s semantics) advertisedName(c dpconfig.Config, r dpconfig.Resource) string
 // name; GPUs left out of the device selection stay whole under
 // nvidia.com/gpu.
 func (s semantics) expected(c dpconfig.Config, gpus int) (resource string, count int64) {
+	if c.MPS {
+		return s.expectedMPS(c, gpus)
+	}
 	for _, r := range c.Resources {
 		if r.Name != dpconfig.GPUResource {
 			continue
@@ -67,6 +70,9 @@ func (s semantics) resource(c dpconfig.Config) string {
 // sharing) advertises plain nvidia.com/gpu and pods asking for the shared
 // name could never run again; 0 (no floor) otherwise.
 func (s semantics) floor(c dpconfig.Config) int {
+	if c.MPS {
+		return dpconfig.MinMPSReplicas
+	}
 	if len(c.Resources) > 0 && s.resource(c) != dpconfig.GPUResource {
 		return 2
 	}

@@ -60,7 +60,7 @@ func (c *Controller) decide(ctx context.Context, w *work, cur int, lastChange ti
 func (c *Controller) observation(w *work, cur int, lastChange time.Time, lastDirection string, now time.Time, floor int) policy.Observation {
 	return policy.Observation{
 		Node: w.node.Name, Now: now, CurrentReplicas: cur, LastChange: lastChange, LastDirection: lastDirection,
-		Apply: c.applyCost, GPUs: w.gpus, Floor: floor, Memory: c.mem.get(w.node.Name),
+		Apply: c.applyCost, GPUs: w.gpus, Floor: floor, Memory: c.mem.get(w.node.Name), MPS: w.mps,
 	}
 }
 

@@ -179,6 +179,7 @@ func (c *Controller) changed(w *work, span trace.Span, d policy.Decision, from i
 	c.m.changes.WithLabelValues(w.node.Name, resource, d.Direction).Inc()
 	c.m.lastChange.WithLabelValues(w.node.Name).Set(float64(now.Unix()))
 	c.m.setReplicas(w.st, w.node.Name, resource, d.Replicas, d.Replicas)
+	c.mpsLimitsChanged(w, from, d.Replicas)
 }
 
 // applyFailed records a write that did not happen.

@@ -139,6 +139,11 @@ type WorkloadMemory struct {
 	Pods     int     `json:"pods,omitempty"`
 	MeanPeak float64 `json:"meanPeak,omitempty"`
 	M2       float64 `json:"m2,omitempty"`
+	// CapBytes is the largest MPS memory limit one of its pods ran out of
+	// memory at (an OOM of kind process-cap with a known limit), last at
+	// CapAt: its pods need more than that (rememberCaps, mps.go).
+	CapBytes uint64    `json:"capBytes,omitempty"`
+	CapAt    time.Time `json:"capAt,omitzero"`
 }
 
 // addPod folds one ended container's size into the variability.
@@ -311,6 +316,7 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 			}
 		}
 	}
+	rememberCaps(mem.Updated, &out, obs)
 	out.Updated = newest
 	var ended []string
 	for k, c := range out.Containers {
@@ -412,7 +418,7 @@ func Round(cfg Config, obs Observation) (Decision, Memory) {
 	}
 	d := Decide(cfg, obs)
 	switch d.Reason {
-	case ReasonGPUOOM, ReasonMemoryPressure, ReasonMemoryFull, ReasonAboveMaximum:
+	case ReasonGPUOOM, ReasonMemoryPressure, ReasonMemoryFull, ReasonAboveMaximum, ReasonProcessCapOOM:
 		obs.Memory.Base = min(obs.Memory.Base, d.Replicas)
 	case ReasonBelowMinimum:
 		obs.Memory.Base = max(obs.Memory.Base, d.Replicas)

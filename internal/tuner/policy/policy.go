@@ -103,6 +103,11 @@ type Sample struct {
 	OOMs               []OOM
 	ReplicasAdvertised int
 	ReplicasAllocated  int
+	// ContainerLimits maps a container key to the memory limit it started
+	// with, on a GPU shared through MPS (its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:
+	// the GPU's memory / the replicas at its start); nil or a missing key
+	// when unknown or not MPS (mps.go).
+	ContainerLimits map[string]uint64
 }
 
 // OOMKind says what ran out at a GPU OOM. The values are internal/oom's
@@ -173,6 +178,10 @@ type Observation struct {
 	// LastDirection is the direction of the change made at LastChange
 	// (DirectionUp or DirectionDown; "" when unknown).
 	LastDirection string
+	// MPS says the node's GPUs are shared through CUDA MPS (sharing.mps):
+	// the count sets the memory limit of each new client, not how many pods
+	// crowd one memory (decideMPSGPU, mps.go).
+	MPS bool
 }
 
 // PendingPod is one pod waiting for a replica.
@@ -245,7 +254,11 @@ func Decide(cfg Config, obs Observation) Decision {
 		if g.Exclusive {
 			continue
 		}
-		d := decideGPU(cfg, obs, g, nodeFootprint)
+		decideOne := decideGPU
+		if obs.MPS {
+			decideOne = decideMPSGPU
+		}
+		d := decideOne(cfg, obs, g, nodeFootprint)
 		loops = append(loops, d.CrashLoops...)
 		if judged == 0 || d.Replicas < best.Replicas || (d.Replicas == best.Replicas && d.GPU < best.GPU) {
 			best = d

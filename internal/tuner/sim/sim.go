@@ -176,6 +176,8 @@ type Result struct {
 	// end of the queue, from the beginning of its run.
 	Evictions int      `json:"evictions"`
 	Changes   []Change `json:"changes"`
+	// MPSResult is set when the trace shares the GPU through MPS (mps.go).
+	*MPSResult
 	// waits is each pod's time pending, in trace order (TestReplay).
 	waits []time.Duration
 }
@@ -267,6 +269,7 @@ type replay struct {
 	pending     time.Duration
 	warmup      time.Duration
 	lost        time.Duration
+	mps         *mpsReplay // nil unless the trace shares through MPS (mps.go)
 }
 
 // Run replays tr under p, applying changes at once. It is deterministic.
@@ -300,6 +303,7 @@ func RunWith(tr *Trace, p Policy, opt Options) (*Result, error) {
 	}
 	r.res = Result{Policy: p.Name(), Pods: len(tr.Pods), MinReplicas: r.replicas, MaxReplicas: r.replicas, Changes: []Change{},
 		ApplyMode: mode, OOMsPerContainer: map[string]int{}}
+	r.startMPS()
 
 	for t := time.Duration(0); t < tr.Duration; t = r.nextEvent(t) {
 		r.endRuns(t)
@@ -393,6 +397,10 @@ func (r *replay) changeMemory(t time.Duration) {
 // grow raises a pod's memory, or fails it with an OOM when the GPU's total
 // would be passed.
 func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
+	if r.mps.overLimit(p, to) {
+		r.capOOM(p, t)
+		return
+	}
 	if r.used-p.mem+to <= r.tr.MemoryTotalBytes {
 		r.setMemory(p, to)
 		return
@@ -446,6 +454,7 @@ func (r *replay) tick(t time.Duration) error {
 		}
 		p.peak, p.seen = p.mem, p.state == running
 	}
+	r.mpsSample(&s)
 	r.newOOMs = nil
 	r.samples = append(r.samples, s)
 	from := now.Add(-r.pol.History())
@@ -460,6 +469,7 @@ func (r *replay) tick(t time.Duration) error {
 		ContainerWorkloads: r.workloads, Memory: r.mem, Apply: r.opt.Apply,
 		GPUs: []policy.GPUObservation{{UUID: "GPU-sim-0", Samples: r.samples}},
 	}
+	r.mpsObserve(&obs)
 	for _, p := range r.queue {
 		obs.Pending = append(obs.Pending, policy.PendingPod{Workload: p.Workload, Replicas: 1, Since: Epoch.Add(p.queued)})
 	}
@@ -534,6 +544,7 @@ func (r *replay) admit(t time.Duration) {
 		r.pending += wait
 		r.warmup += r.beforeWarm(p.queued, t)
 		r.res.MaxPendingSeconds = max(r.res.MaxPendingSeconds, (p.waited + wait).Seconds())
+		r.mpsAdmit(p)
 		r.grow(p, p.Memory[0].Bytes, t)
 	}
 }

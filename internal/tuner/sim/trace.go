@@ -21,6 +21,9 @@ type Trace struct {
 	InitialReplicas  int
 	Duration         time.Duration
 	Pods             []Pod
+	// Sharing is how the GPU is shared: "" for time-slicing (the default),
+	// or SharingMPS (mps.go).
+	Sharing string
 }
 
 // Pod is one pod of a trace.
@@ -68,6 +71,8 @@ type traceFile struct {
 	InitialReplicas *int           `yaml:"initialReplicas"`
 	Duration        *time.Duration `yaml:"duration"`
 	Pods            []podFile      `yaml:"pods"`
+	// Sharing is optional (added with MPS): old traces are time-sliced.
+	Sharing *string `yaml:"sharing"`
 }
 
 type podFile struct {
@@ -134,6 +139,9 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 		return nil, fail(0, "pods: no pods")
 	}
 
+	if err := parseSharing(tr, f.Sharing); err != nil {
+		return nil, fail(0, "%v", err)
+	}
 	seen := map[string]int{}
 	for i, p := range f.Pods {
 		line := 0
