@@ -16,9 +16,12 @@ import (
 
 // The exporter's metrics the tuner reads (DESIGN.md, "Exporter contract").
 const (
-	MetricMemoryTotal       = "gpuslice_gpu_memory_total_bytes"
-	MetricMemoryUsed        = "gpuslice_gpu_memory_used_bytes"
-	MetricContainerMemory   = "gpuslice_container_gpu_memory_used_bytes"
+	MetricMemoryTotal     = "gpuslice_gpu_memory_total_bytes"
+	MetricMemoryUsed      = "gpuslice_gpu_memory_used_bytes"
+	MetricContainerMemory = "gpuslice_container_gpu_memory_used_bytes"
+	// MetricContainerLimit is an MPS client container's pinned memory
+	// limit (policy.Sample.ContainerLimits).
+	MetricContainerLimit    = "gpuslice_container_gpu_memory_limit_bytes"
 	MetricReplicas          = "gpuslice_gpu_replicas"
 	MetricReplicasAllocated = "gpuslice_gpu_replicas_allocated"
 	MetricOOMEvents         = "gpuslice_gpu_oom_events_total"
@@ -35,6 +38,10 @@ type GPUReading struct {
 	MemoryUsedBytes  uint64
 	// Containers maps ContainerKey to the container's memory on this GPU.
 	Containers map[string]uint64
+	// Limits maps ContainerKey to the pinned memory limit of a container's
+	// MPS clients on this GPU, where the exporter reads one; nil when it
+	// reads none (a GPU not shared through MPS).
+	Limits map[string]uint64
 	// Replicas are summed over resources: a GPU's replica IDs, whatever
 	// resource name they are advertised under.
 	ReplicasAdvertised int
@@ -84,6 +91,14 @@ func ParseExposition(r io.Reader) (Reading, error) {
 	each(MetricContainerMemory, func(l map[string]string, v float64) {
 		if g := gpu(l); g != nil {
 			g.Containers[ContainerKey(l["namespace"], l["pod"], l["container"])] += toBytes(v)
+		}
+	})
+	each(MetricContainerLimit, func(l map[string]string, v float64) {
+		if g := gpu(l); g != nil {
+			if g.Limits == nil {
+				g.Limits = map[string]uint64{}
+			}
+			g.Limits[ContainerKey(l["namespace"], l["pod"], l["container"])] = toBytes(v)
 		}
 	})
 	each(MetricReplicas, func(l map[string]string, v float64) {
@@ -227,6 +242,7 @@ func (t *oomTracker) samples(r Reading, at time.Time) map[string]policy.Sample {
 			MemoryTotalBytes:   g.MemoryTotalBytes,
 			MemoryUsedBytes:    g.MemoryUsedBytes,
 			ContainerPeaks:     g.Containers,
+			ContainerLimits:    g.Limits,
 			OOMEvents:          len(ooms[uuid]),
 			OOMs:               ooms[uuid],
 			ReplicasAdvertised: g.ReplicasAdvertised,

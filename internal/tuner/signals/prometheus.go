@@ -72,6 +72,7 @@ func (p *Prometheus) Queries() map[string]string {
 		"total":      by("") + "(" + MetricMemoryTotal + sel + ")",
 		"used":       by("") + "(" + MetricMemoryUsed + sel + ")",
 		"containers": by(", namespace, pod, container") + "(max_over_time(" + MetricContainerMemory + sel + "[" + rng + "]))",
+		"limits":     by(", namespace, pod, container") + "(" + MetricContainerLimit + sel + ")",
 		"advertised": "sum by (" + n + ", uuid) (" + by(", resource") + "(" + MetricReplicas + sel + "))",
 		"allocated":  "sum by (" + n + ", uuid) (" + by(", resource") + "(" + MetricReplicasAllocated + sel + "))",
 		"oom":        by(", namespace, pod, container, source, kind") + "(" + MetricOOMEvents + sel + ")",
@@ -131,6 +132,12 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 	each("used", func(s *policy.Sample, _ model.Metric, v float64) { s.MemoryUsedBytes = toBytes(v) })
 	each("containers", func(s *policy.Sample, m model.Metric, v float64) {
 		s.ContainerPeaks[ContainerKey(string(m["namespace"]), string(m["pod"]), string(m["container"]))] = toBytes(v)
+	})
+	each("limits", func(s *policy.Sample, m model.Metric, v float64) {
+		if s.ContainerLimits == nil {
+			s.ContainerLimits = map[string]uint64{}
+		}
+		s.ContainerLimits[ContainerKey(string(m["namespace"]), string(m["pod"]), string(m["container"]))] = toBytes(v)
 	})
 	each("advertised", func(s *policy.Sample, _ model.Metric, v float64) { s.ReplicasAdvertised = int(math.Round(v)) })
 	each("allocated", func(s *policy.Sample, _ model.Metric, v float64) { s.ReplicasAllocated = int(math.Round(v)) })

@@ -153,9 +153,15 @@ func TestSourcesOnSimulatedNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nb.GPUs = []*simnode.GPU{{UUID: b0, MemoryBytes: 24 * gib, Replicas: 2}, {UUID: b1, MemoryBytes: 24 * gib, Replicas: 2}}
+	// b0 is shared through MPS: its server, and a client started with a
+	// pinned limit of 12 GiB (the exporter's limit series).
+	nb.GPUs = []*simnode.GPU{{UUID: b0, MemoryBytes: 24 * gib, Replicas: 2,
+		HostProcesses: []simnode.Process{{PID: 299, GPU: b0, MemoryBytes: 66 << 20, MPSServer: true}}},
+		{UUID: b1, MemoryBytes: 24 * gib, Replicas: 2}}
 	nb.Pods = []*simnode.Pod{{Namespace: "ml", Name: "rife", Containers: []*simnode.Container{{Name: "main",
-		Replicas: map[string][]int{b1: {0, 1}}, Processes: []simnode.Process{{PID: 201, GPU: b1, MemoryBytes: 8 * gib}}}}}}
+		Replicas: map[string][]int{b1: {0, 1}}, Processes: []simnode.Process{{PID: 201, GPU: b1, MemoryBytes: 8 * gib}}}}},
+		{Namespace: "ml", Name: "mpsc", Containers: []*simnode.Container{{Name: "main", Replicas: map[string][]int{b0: {0}},
+			Processes: []simnode.Process{{PID: 202, GPU: b0, MemoryBytes: 3 * gib, Environ: []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=12288M"}}}}}}}
 	sa, sb := startSimulated(t, ctx, na), startSimulated(t, ctx, nb)
 
 	// Exporter pods as the DaemonSet would make them, one not running yet.
@@ -257,8 +263,10 @@ scrape_configs:
 					return fmt.Sprintf("gpu-a containers %v", ga.ContainerPeaks)
 				case ga.ReplicasAdvertised != 4 || ga.ReplicasAllocated != 3:
 					return fmt.Sprintf("gpu-a replicas %d advertised, %d allocated", ga.ReplicasAdvertised, ga.ReplicasAllocated)
-				case b[b1].ContainerPeaks["ml/rife/main"] != 8*gib || b[b1].ReplicasAllocated != 2 || b[b0].ReplicasAllocated != 0 || b[b0].ReplicasAdvertised != 2:
+				case b[b1].ContainerPeaks["ml/rife/main"] != 8*gib || b[b1].ReplicasAllocated != 2 || b[b0].ReplicasAllocated != 1 || b[b0].ReplicasAdvertised != 2:
 					return fmt.Sprintf("gpu-b %+v", b)
+				case b[b0].ContainerLimits["ml/mpsc/main"] != 12*gib || len(b[b0].ContainerLimits) != 1 || b[b1].ContainerLimits != nil || ga.ContainerLimits != nil:
+					return fmt.Sprintf("MPS limits: gpu-b %v and %v, gpu-a %v; want ml/mpsc/main's 12 GiB on %s alone", b[b0].ContainerLimits, b[b1].ContainerLimits, ga.ContainerLimits, b0)
 				}
 				return ""
 			})
@@ -289,8 +297,8 @@ scrape_configs:
 						return fmt.Sprintf("busy holder %+v idle", h)
 					}
 				}
-				if b := hs["gpu-b"]; len(b) != 1 || b[0].Pod != "rife" || b[0].UUID != b1 {
-					return fmt.Sprintf("gpu-b holders %+v, want ml/rife on %s", b, b1)
+				if b := hs["gpu-b"]; len(b) != 2 || b[0].Pod != "rife" || b[0].UUID != b1 || b[1].Pod != "mpsc" || b[1].UUID != b0 {
+					return fmt.Sprintf("gpu-b holders %+v, want ml/rife on %s, then ml/mpsc on %s", b, b1, b0)
 				}
 				return ""
 			})
