@@ -199,7 +199,12 @@ func (v gpuView) mpsArrival(led ledger) item {
 
 // mpsLoops are the containers that ran out at their own limit twice or
 // more in the window: under MPS their limit is fixed, so they loop until
-// they end, and only their eviction (a new pod, a new limit) ends it.
+// they end, and only their eviction (a new pod, a new limit) ends it. It
+// ends it only once the count in effect gives a new pod more than the
+// container's own limit: evicted before that (the lowering for it not yet
+// applied), the new pod starts with the same limit and loops again (the
+// replay evicted one pod 156 times so). Until then, and where its limit
+// is unknown, the loop is reported and not evicted.
 func (v gpuView) mpsLoops() []CrashLoop {
 	n := map[string]int{}
 	for _, s := range v.window {
@@ -218,7 +223,9 @@ func (v gpuView) mpsLoops() []CrashLoop {
 		_, runs := latest.ContainerPeaks[c]
 		_, holds := latest.ContainerLimits[c]
 		if n[c] >= 2 && (runs || holds) {
-			out = append(out, CrashLoop{Container: c, GPU: v.uuid, OOMs: n[c], Evict: v.cfg.EvictCrashLoops})
+			own := limitIn(v.window, c)
+			relief := own > 0 && v.cur > 0 && latest.MemoryTotalBytes/uint64(v.cur) > own
+			out = append(out, CrashLoop{Container: c, GPU: v.uuid, OOMs: n[c], Evict: v.cfg.EvictCrashLoops && relief})
 		}
 	}
 	return out
