@@ -468,7 +468,7 @@ var knownMisses = map[uint64]missKind{
 // here that stops missing a hard bar fails the test until it is taken off.
 // docs/tuner-policy.md ("Traces not seen") explains each.
 var unsolved = map[uint64]string{
-	24: "a crash-looping service on 24 GiB beside anonymous jobs: a raise for a stranger that then grows meets the looper's next load, and the looper OOMs in a loop (no eviction by default)",
+	24: "a crash-looping service on 24 GiB beside anonymous jobs: a raise for a stranger that then grows meets the looper's next load, and the looper OOMs in a loop (no eviction by default); the stranger comes as the recent job sizes fall to nine, so it is priced by bounded learning, not by rank",
 	54: "an on-demand model server (Ollama-like) loads a model larger than any it loaded before, after a raise let a job in; the record had not seen that size",
 }
 
