@@ -30,6 +30,10 @@ type gpuView struct {
 	// sizes is the distribution of the pod sizes this node has seen: it
 	// prices a pod whose workload is not known.
 	sizes sizes
+	// rank is the price of a stranger by the ranks of the node's job
+	// sizes, when rankOK (rankPrice; computed once a round).
+	rank   item
+	rankOK bool
 	// latest is the ledger of the latest sample over a Window; ok is
 	// false when there is none (no sample, or its total unknown).
 	latest ledger
@@ -55,6 +59,7 @@ func decideGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint uint
 	}
 	v.base = max(obs.Memory.Base, cfg.MinReplicas, 1)
 	v.sizes = v.nodeSizes()
+	v.rank, v.rankOK = v.rankPrice()
 	if len(v.window) > 0 {
 		v.latest, v.ok = v.ledgerAt(len(v.window)-1, cfg.Window)
 	}
