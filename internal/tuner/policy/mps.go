@@ -231,6 +231,30 @@ func (v gpuView) mpsLoops() []CrashLoop {
 	return out
 }
 
+// loopRisk is, with eviction on, the chance that the containers looping
+// at their own limit run out again once evicted and started at count n's
+// limit, each priced at capNeed of its own limit. A loop is evicted only
+// once the count in effect gives more than its limit (mpsLoops), so the
+// count must come down for it first: this is what weighs that lowering.
+// Without eviction a looping container keeps its limit whatever the count,
+// and nothing is added.
+func (v gpuView) loopRisk(loops []CrashLoop, n int, total uint64) float64 {
+	if !v.cfg.EvictCrashLoops || n <= 0 {
+		return 0
+	}
+	L := float64(mps.MemoryLimit(total, n))
+	r := 0.0
+	for _, l := range loops {
+		own := limitIn(v.window, l.Container)
+		if own == 0 {
+			continue
+		}
+		need := capNeed(own)
+		r += overflow(L, need, settledSpread*need*settledSpread*need)
+	}
+	return r
+}
+
 // client is a running MPS client in a forecast: what it is expected to use
 // (its reservation, capped at its limit) and its limit.
 type client struct {
@@ -452,8 +476,9 @@ func (v gpuView) decideMPS(lastChange time.Time) Decision {
 	}
 
 	q := v.mpsQueue(led)
+	loops := v.mpsLoops()
 	b := bounds{lo: min(max(v.base, least), cur), hi: max(min(cfg.MaxReplicas, cur+cfg.MaxStepUp), cur)}
-	if slices.ContainsFunc(q, func(d mpsDemand) bool { return d.capped }) {
+	if slices.ContainsFunc(q, func(d mpsDemand) bool { return d.capped }) || (cfg.EvictCrashLoops && len(loops) > 0) {
 		// Evidence, not a guess: the base's limit is too small for them.
 		b.lo = min(least, cur)
 	}
@@ -479,6 +504,7 @@ func (v gpuView) decideMPS(lastChange time.Time) Decision {
 	var best, at candidate
 	for n := b.lo; n <= b.hi; n++ {
 		c := v.weighMPS(led, q, n)
+		c.risk += v.loopRisk(loops, n, led.s.MemoryTotalBytes)
 		v.price(&c)
 		if n == cur {
 			at = c
