@@ -121,29 +121,10 @@ func limitIn(ss []Sample, c string) uint64 {
 // decideMPSGPU is decideGPU for a GPU shared through MPS: the same view of
 // the GPU's history, judged by decideMPS.
 func decideMPSGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint uint64) Decision {
-	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas, obs: &obs, footprint: nodeFootprint, uuid: g.UUID}
-	v.window = within(g.Samples, obs.Now.Add(-cfg.Window), obs.Now)
-	v.peaks = map[string]uint64{}
-	v.unattributed = make([]uint64, len(v.window))
-	var u uint64
-	for i, s := range v.window {
-		var sum uint64
-		for c, p := range s.ContainerPeaks {
-			v.peaks[c] = max(v.peaks[c], p)
-			sum += p
-		}
-		if s.MemoryUsedBytes > sum {
-			u = max(u, s.MemoryUsedBytes-sum)
-		}
-		v.unattributed[i] = u
-	}
-	v.base = max(obs.Memory.Base, cfg.MinReplicas, mpsFloor)
-	v.sizes = v.nodeSizes()
-	if len(v.window) > 0 {
-		v.latest, v.ok = v.ledgerAt(len(v.window)-1, cfg.Window)
-	}
-	d := v.decideMPS(obs.LastChange)
-	d.CrashLoops = v.mpsLoops()
+	v := newGPUView(cfg, &obs, g, nodeFootprint, mpsFloor, false)
+	loops := v.mpsLoops()
+	d := v.decideMPS(obs.LastChange, loops)
+	d.CrashLoops = loops
 	d.FootprintBytes = v.footprint
 	d.GPU = g.UUID
 	d.Message = g.UUID + ": " + d.Message
@@ -439,7 +420,7 @@ func (v gpuView) weighMPS(led ledger, q []mpsDemand, n int) candidate {
 
 // decideMPS is decide for a GPU shared through MPS (see the comment at the
 // top of this file).
-func (v gpuView) decideMPS(lastChange time.Time) Decision {
+func (v gpuView) decideMPS(lastChange time.Time, loops []CrashLoop) Decision {
 	cfg, cur := v.cfg, v.cur
 	least := max(cfg.MinReplicas, mpsFloor)
 	sinceChange := time.Duration(math.MaxInt64)
@@ -479,7 +460,6 @@ func (v gpuView) decideMPS(lastChange time.Time) Decision {
 	}
 
 	q := v.mpsQueue(led)
-	loops := v.mpsLoops()
 	b := bounds{lo: min(max(v.base, least), cur), hi: max(min(cfg.MaxReplicas, cur+cfg.MaxStepUp), cur)}
 	if slices.ContainsFunc(q, func(d mpsDemand) bool { return d.capped }) || (cfg.EvictCrashLoops && len(loops) > 0) {
 		// Evidence, not a guess: the base's limit is too small for them.

@@ -41,7 +41,21 @@ type gpuView struct {
 }
 
 func decideGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint uint64) Decision {
-	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas, obs: &obs, footprint: nodeFootprint, uuid: g.UUID}
+	v := newGPUView(cfg, &obs, g, nodeFootprint, 1, true)
+	d := v.decide(obs.LastChange)
+	d.FootprintBytes = v.footprint
+	d.GPU = g.UUID
+	d.Message = g.UUID + ": " + d.Message
+	return d
+}
+
+// newGPUView is the view of GPU g's history that both decisions judge
+// (decideGPU, and decideMPSGPU under MPS): the window, each container's
+// peak in it, the memory no container explains, the base count (at least
+// floor), the node's job sizes, their rank price where rank says (the
+// ledger's prices read it) and the latest ledger.
+func newGPUView(cfg Config, obs *Observation, g GPUObservation, nodeFootprint uint64, floor int, rank bool) gpuView {
+	v := gpuView{cfg: cfg, now: obs.Now, cur: obs.CurrentReplicas, obs: obs, footprint: nodeFootprint, uuid: g.UUID}
 	v.window = within(g.Samples, obs.Now.Add(-cfg.Window), obs.Now)
 	v.peaks = map[string]uint64{}
 	v.unattributed = make([]uint64, len(v.window))
@@ -57,17 +71,15 @@ func decideGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint uint
 		}
 		v.unattributed[i] = u
 	}
-	v.base = max(obs.Memory.Base, cfg.MinReplicas, 1)
+	v.base = max(obs.Memory.Base, cfg.MinReplicas, floor)
 	v.sizes = v.nodeSizes()
-	v.rank, v.rankOK = v.rankPrice()
+	if rank {
+		v.rank, v.rankOK = v.rankPrice()
+	}
 	if len(v.window) > 0 {
 		v.latest, v.ok = v.ledgerAt(len(v.window)-1, cfg.Window)
 	}
-	d := v.decide(obs.LastChange)
-	d.FootprintBytes = v.footprint
-	d.GPU = g.UUID
-	d.Message = g.UUID + ": " + d.Message
-	return d
+	return v
 }
 
 // item is one pod in a forecast: the bytes it is expected to hold at most

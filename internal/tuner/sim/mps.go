@@ -116,28 +116,11 @@ func (r *replay) mpsAdmit(p *podRun) {
 	}
 }
 
-// capOOM fails pod p at its own limit at t: the bookkeeping of grow's OOM,
-// with kind process-cap.
+// capOOM fails pod p at its own limit at t: grow's OOM, of kind
+// process-cap.
 func (r *replay) capOOM(p *podRun, t time.Duration) {
-	r.res.OOMEvents++
 	r.mps.res.CapOOMEvents++
-	if r.beforeRaise > 0 && r.held > r.beforeRaise {
-		r.res.RaiseOOMEvents++
-	}
-	r.oomSince = true
-	r.res.OOMsPerContainer[p.Name]++
-	if p.ooms > 0 && t-p.lastOOM <= RowGap {
-		p.row++
-	} else {
-		p.row = 1
-	}
-	p.lastOOM = t
-	r.res.MaxOOMsInARow = max(r.res.MaxOOMsInARow, p.row)
-	r.newOOMs = append(r.newOOMs, policy.OOM{Container: p.Name, Kind: policy.OOMCap})
-	p.ooms++
-	r.lost += t - p.attempt + min(RestartDelay, p.end-t, r.tr.Duration-t)
-	r.setMemory(p, 0)
-	p.state, p.restartAt = restarting, t+RestartDelay
+	r.oom(p, t, policy.OOMCap)
 }
 
 // mpsSample adds the limits of the pods holding replicas to a sample.

@@ -405,6 +405,14 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 		r.setMemory(p, to)
 		return
 	}
+	// The trace's OOM is by construction the GPU's total being passed: the
+	// exporter would report it as a full device.
+	r.oom(p, t, policy.OOMDevice)
+}
+
+// oom fails pod p at t with an OOM of kind: counted, its row of OOMs
+// carried on, and the pod restarting after RestartDelay.
+func (r *replay) oom(p *podRun, t time.Duration, kind policy.OOMKind) {
 	r.res.OOMEvents++
 	if r.beforeRaise > 0 && r.held > r.beforeRaise {
 		r.res.RaiseOOMEvents++
@@ -418,9 +426,7 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 	}
 	p.lastOOM = t
 	r.res.MaxOOMsInARow = max(r.res.MaxOOMsInARow, p.row)
-	// The trace's OOM is by construction the GPU's total being passed: the
-	// exporter would report it as a full device.
-	r.newOOMs = append(r.newOOMs, policy.OOM{Container: p.Name, Kind: policy.OOMDevice})
+	r.newOOMs = append(r.newOOMs, policy.OOM{Container: p.Name, Kind: kind})
 	p.ooms++
 	r.lost += t - p.attempt + min(RestartDelay, p.end-t, r.tr.Duration-t)
 	r.setMemory(p, 0)
