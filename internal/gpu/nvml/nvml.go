@@ -472,7 +472,7 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	if err != nil {
 		return fail(err)
 	}
-	procs, err := b.readProcesses(h, d.UUID, d.MIGEnabled, migProcs)
+	procs, err := b.readProcesses(h, d.UUID, d.MemoryUsedBytes, d.MIGEnabled, migProcs)
 	if err != nil {
 		return fail(err)
 	}
@@ -601,8 +601,9 @@ const noInstance = ^uint32(0)
 // the lists of the MIG devices (migProcs) add the processes the GPU's own
 // list lacks and the instance of those it gives without one. Its error is
 // a GPU that is gone; a list or the samples that cannot be read are left
-// out.
-func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs []migProcesses) ([]gpu.Process, error) {
+// out. The graphics list is read only when it may hold something
+// (graphicsDue); used is the GPU's used memory of the same reading.
+func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, mig bool, migProcs []migProcesses) ([]gpu.Process, error) {
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
 		for _, p := range list {
@@ -629,10 +630,17 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, mig bool, migProcs [
 	if err != nil {
 		return nil, err
 	}
-	graphics, ret := h.GetGraphicsRunningProcesses()
-	graphicsOK, err := b.optional(uuid, callGraphics, ret)
-	if err != nil {
-		return nil, err
+	var graphics []nvml.ProcessInfo
+	graphicsOK := false
+	unexplained, known := unexplainedMemory(used, compute, computeOK)
+	if now := b.now(); mig || b.graphicsDue(uuid, unexplained, known, now) {
+		graphics, ret = h.GetGraphicsRunningProcesses()
+		if graphicsOK, err = b.optional(uuid, callGraphics, ret); err != nil {
+			return nil, err
+		}
+		b.updateWindow(uuid, func(w *sampleWindow) {
+			w.graphicsRead, w.graphicsAny, w.unexplained = now, graphicsOK && len(graphics) > 0, unexplained
+		})
 	}
 	// One allocation for the usual case, where the lists are all there is
 	// (growing by append cost five at 48 processes).
