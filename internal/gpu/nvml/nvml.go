@@ -444,11 +444,11 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 		return fail(&callError{"get memory info", ret})
 	}
 	d.MemoryTotalBytes, d.MemoryUsedBytes = mem.Total, mem.Used
-	util, windowed, ok, err := b.readUtilization(h, d.UUID)
+	util, err := b.readUtilization(h, d.UUID)
 	if err != nil {
 		return fail(err)
-	} else if ok {
-		d.Utilization = util
+	} else if util.ok {
+		d.Utilization = util.util
 	} else {
 		d.Missing |= gpu.ReadingUtilization
 	}
@@ -472,11 +472,11 @@ func (b *Backend) readDevice(i int) (gpu.Device, *gpu.DeviceError) {
 	if err != nil {
 		return fail(err)
 	}
-	procs, err := b.readProcesses(h, d.UUID, d.MemoryUsedBytes, d.MIGEnabled, migProcs)
+	procs, err := b.readProcesses(h, d.UUID, d.MemoryUsedBytes, util, d.MIGEnabled, migProcs)
 	if err != nil {
 		return fail(err)
 	}
-	if windowed {
+	if util.windowed || (util.noNewSample && util.ok) {
 		fitShares(procs, d.Utilization)
 	}
 	d.Processes = procs
@@ -603,7 +603,21 @@ const noInstance = ^uint32(0)
 // a GPU that is gone; a list or the samples that cannot be read are left
 // out. The graphics list is read only when it may hold something
 // (graphicsDue); used is the GPU's used memory of the same reading.
-func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, mig bool, migProcs []migProcesses) ([]gpu.Process, error) {
+//
+// The per-process samples are one driver round trip, 1.5 ms of CPU on a
+// real H200 in a Firecracker VM whether or not it finds a sample (measured
+// call by call beside 48 processes; the size query before it costs 0.02
+// ms). They are not asked for when the GPU's own reading (util) already
+// says what they hold: both come from the driver's one buffer of
+// utilization samples, stamped alike (the same timestamps on the H200),
+// so when every GPU sample of the window read 0 no process ran a kernel
+// and each reads 0, the process window moving on to where the GPU's
+// ended; and when no GPU sample is newer than the previous reading no
+// process sample is either, and each process keeps the share of the last
+// window (a process new since reads 0). An idle GPU whose pods hold
+// memory is the common state of a shared GPU between jobs, and of
+// notebooks.
+func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, util utilReading, mig bool, migProcs []migProcesses) ([]gpu.Process, error) {
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
 		for _, p := range list {
@@ -673,6 +687,20 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, mig boo
 	}
 	slices.SortFunc(procs, func(a, b gpu.Process) int { return cmp.Compare(a.PID, b.PID) })
 
+	switch {
+	case util.idleThrough > 0:
+		applyShares(procs, nil, 0)
+		b.updateWindow(uuid, func(w *sampleWindow) {
+			w.procSeen, w.shares = max(w.procSeen, util.idleThrough), nil
+		})
+		return procs, nil
+	case util.noNewSample:
+		shares := b.window(uuid).shares
+		for j := range procs {
+			procs[j].SMUtilization, procs[j].HasSMUtilization = shares[procs[j].PID], true
+		}
+		return procs, nil
+	}
 	since := b.window(uuid).procSeen
 	samples, ret := h.GetProcessUtilization(since)
 	// go-nvml returns ERROR_INSUFFICIENT_SIZE with no samples when NVML
@@ -689,7 +717,13 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, mig boo
 		return procs, nil
 	}
 	newest := applyShares(procs, samples, since)
-	b.updateWindow(uuid, func(w *sampleWindow) { w.procSeen = max(w.procSeen, newest) })
+	shares := make(map[int]float64, len(procs))
+	for _, p := range procs {
+		if p.SMUtilization > 0 {
+			shares[p.PID] = p.SMUtilization
+		}
+	}
+	b.updateWindow(uuid, func(w *sampleWindow) { w.procSeen, w.shares = max(w.procSeen, newest), shares })
 	return procs, nil
 }
 

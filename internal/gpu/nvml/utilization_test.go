@@ -225,6 +225,14 @@ func TestUtilizationWindow(t *testing.T) {
 		}
 	}
 
+	// PID 8 busy for 2 s.
+	s.set(map[uint32]uint32{8: 40}, 7, 8)
+	s.advance(2*sec, 40)
+	d = snapshot(t, b).Devices[1]
+	if !cmp.Equal(d.Utilization, 0.4, approx) || d.Processes[0].SMUtilization != 0 || !cmp.Equal(d.Processes[1].SMUtilization, 0.4, approx) {
+		t.Errorf("busy again: GPU %v, PID 7 %v, PID 8 %v; want 0.4, 0, 0.4", d.Utilization, d.Processes[0].SMUtilization, d.Processes[1].SMUtilization)
+	}
+
 	var procSince, utilSince []uint64
 	for _, c := range g.GetProcessUtilizationCalls() {
 		procSince = append(procSince, c.V)
@@ -232,12 +240,14 @@ func TestUtilizationWindow(t *testing.T) {
 	for _, c := range g.GetSamplesCalls() {
 		utilSince = append(utilSince, c.V)
 	}
-	// The first reading asks for all the driver keeps; the second from
-	// the newest sample of the first.
-	if want := []uint64{0, 1002 * sec}; !slices.Equal(procSince, want) {
+	// The first reading asks for all the driver keeps; each next one from
+	// the newest sample of the one before. The idle window, whose GPU
+	// samples all read 0, does not ask for process samples: the next
+	// asks from the end of the idle window.
+	if want := []uint64{0, 1008 * sec}; !slices.Equal(procSince, want) {
 		t.Errorf("process samples asked since %v, want %v", procSince, want)
 	}
-	if want := []uint64{0, 1002 * sec}; !slices.Equal(utilSince, want) {
+	if want := []uint64{0, 1002 * sec, 1008 * sec}; !slices.Equal(utilSince, want) {
 		t.Errorf("GPU samples asked since %v, want %v", utilSince, want)
 	}
 }
@@ -303,5 +313,44 @@ func TestUtilizationSamplesGPUGone(t *testing.T) {
 	s := snapshot(t, n.open(t))
 	if len(s.Failed) != 1 || s.Failed[0].Index != 4 || len(s.Devices) != 7 {
 		t.Fatalf("Failed %v, %d devices; want GPU 4 failed and 7 read", s.Failed, len(s.Devices))
+	}
+}
+
+// TestReadingWithinASamplePeriod: a reading that finds no GPU sample newer
+// than the previous one (scrapes closer than the driver's sample period)
+// does not ask for process samples, of which none can be newer either:
+// each process keeps its share of the last window, a process new since
+// reads 0, and the shares stay within the GPU's figure.
+func TestReadingWithinASamplePeriod(t *testing.T) {
+	n := newNode(t)
+	g := n.gpus[5] // GetUtilizationRates: 50 %
+	s := &sharedGPU{now: 1000 * sec}
+	s.install(g)
+	s.set(map[uint32]uint32{7: 30}, 7)
+	s.advance(2*sec, 30)
+	b := n.open(t)
+	d := snapshot(t, b).Devices[5]
+	if !cmp.Equal(d.Processes[0].SMUtilization, 0.3, approx) {
+		t.Fatalf("busy: PID 7 reads %v, want 0.3", d.Processes[0].SMUtilization)
+	}
+	asked := len(g.GetProcessUtilizationCalls())
+
+	s.set(map[uint32]uint32{7: 30, 9: 20}, 7, 9) // PID 9 starts; no sample yet
+	d = snapshot(t, b).Devices[5]
+	if c := len(g.GetProcessUtilizationCalls()); c != asked {
+		t.Errorf("process samples asked for %d more times with no GPU sample newer", c-asked)
+	}
+	if len(d.Processes) != 2 || !cmp.Equal(d.Processes[0].SMUtilization, 0.3, approx) || d.Processes[1].SMUtilization != 0 ||
+		!d.Processes[1].HasSMUtilization || d.Utilization != 0.5 {
+		t.Errorf("within the period: GPU %v, processes %+v; want 0.5 (NVML's last period), PID 7 at 0.3, PID 9 at 0", d.Utilization, d.Processes)
+	}
+
+	s.advance(2*sec, 50)
+	d = snapshot(t, b).Devices[5]
+	if c := len(g.GetProcessUtilizationCalls()); c != asked+1 {
+		t.Errorf("process samples asked for %d times after a new GPU sample, want once", c-asked)
+	}
+	if !cmp.Equal(d.Processes[0].SMUtilization, 0.3, approx) || !cmp.Equal(d.Processes[1].SMUtilization, 0.2, approx) {
+		t.Errorf("next window: processes %+v; want PID 7 at 0.3, PID 9 at 0.2", d.Processes)
 	}
 }

@@ -36,6 +36,11 @@ type sampleWindow struct {
 	graphicsRead time.Time
 	graphicsAny  bool
 	unexplained  uint64
+
+	// shares is each process's SM share in the last window that had
+	// samples, by PID: what a reading within the same sample period
+	// gives again.
+	shares map[int]float64
 }
 
 // graphicsRecheck is the longest the graphics process list goes unread on
@@ -112,15 +117,33 @@ func (b *Backend) updateWindow(uuid string, f func(w *sampleWindow)) {
 	b.windows[uuid] = w
 }
 
-// readUtilization reads the GPU's utilization, 0..1. windowed is true
-// when it is the time-weighted mean of the driver's GPU_UTILIZATION
-// samples since the previous reading (nvmlDeviceGetSamples), the window of
-// the processes' SM shares; otherwise it is NVML's last sample period
-// (nvmlDeviceGetUtilizationRates): on a GPU without samples, or when no
-// sample is newer than the previous reading (two readings within one
-// sample period). ok is false when neither gave a figure; the error is a
-// GPU that is gone.
-func (b *Backend) readUtilization(h nvml.Device, uuid string) (util float64, windowed, ok bool, err error) {
+// utilReading is a GPU's utilization as readUtilization found it, and
+// what it says of the processes' samples of the same window.
+type utilReading struct {
+	// util is the utilization, 0..1; ok is false when nothing gave one.
+	util float64
+	ok   bool
+	// windowed: util is the time-weighted mean of the driver's
+	// GPU_UTILIZATION samples since the previous reading
+	// (nvmlDeviceGetSamples), the window of the processes' SM shares.
+	// Otherwise it is NVML's last sample period
+	// (nvmlDeviceGetUtilizationRates).
+	windowed bool
+	// idleThrough, when not 0, is the newest sample's timestamp of a
+	// window whose samples all read 0: no kernel ran on the GPU.
+	idleThrough uint64
+	// noNewSample: the driver, which gave samples before, has none newer
+	// than the previous reading (two readings within one sample period),
+	// so no process sample is newer either. A GPU that has never given
+	// one says nothing of its process samples by it.
+	noNewSample bool
+}
+
+// readUtilization reads the GPU's utilization: over the window since the
+// previous reading from the driver's samples; from NVML's last sample
+// period on a GPU without samples, or when no sample is newer than the
+// previous reading. Its error is a GPU that is gone.
+func (b *Backend) readUtilization(h nvml.Device, uuid string) (r utilReading, err error) {
 	w := b.window(uuid)
 	if !w.noUtilSamples {
 		vt, samples, ret := h.GetSamples(nvml.GPU_UTILIZATION_SAMPLES, w.utilSeen)
@@ -129,14 +152,20 @@ func (b *Backend) readUtilization(h nvml.Device, uuid string) (util float64, win
 			b.answered(uuid, callUtilSamples)
 			if mean, newest, found := meanGPUSamples(vt, samples, w.utilSeen); found {
 				b.updateWindow(uuid, func(w *sampleWindow) { w.utilSeen = max(w.utilSeen, newest) })
-				return mean, true, true, nil
+				r = utilReading{util: mean, ok: true, windowed: true}
+				if mean == 0 {
+					r.idleThrough = newest
+				}
+				return r, nil
 			}
+			r.noNewSample = w.utilSeen > 0
 		case ret == nvml.ERROR_NOT_FOUND:
 			// No sample since the previous reading: the GPU keeps one
 			// per sample period, so this reading came within one.
 			b.answered(uuid, callUtilSamples)
+			r.noNewSample = w.utilSeen > 0
 		case gpuGone(ret):
-			return 0, false, false, &callError{callUtilSamples, ret}
+			return utilReading{}, &callError{callUtilSamples, ret}
 		case ret == nvml.ERROR_NOT_SUPPORTED:
 			b.updateWindow(uuid, func(w *sampleWindow) { w.noUtilSamples = true })
 			b.log.Info("nvml: GPU keeps no utilization samples; its utilization is NVML's last sample period, not the window of its processes", "uuid", uuid)
@@ -146,9 +175,10 @@ func (b *Backend) readUtilization(h nvml.Device, uuid string) (util float64, win
 	}
 	rates, ret := h.GetUtilizationRates()
 	if ok, err := b.optional(uuid, callUtilization, ret); !ok {
-		return 0, false, false, err
+		return utilReading{noNewSample: r.noNewSample}, err
 	}
-	return min(float64(rates.Gpu)/100, 1), false, true, nil
+	r.util, r.ok = min(float64(rates.Gpu)/100, 1), true
+	return r, nil
 }
 
 // fellBack logs, once until it answers again, a reading that failed and
