@@ -2,6 +2,8 @@ package exporter
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -90,15 +92,59 @@ func isMPSServerCmdline(cmdline []byte) bool {
 	return filepath.Base(string(argv0)) == mps.ServerComm
 }
 
+// limitKnown is what a client's environment says of its pinned limit.
+type limitKnown int
+
+const (
+	limitPinned  limitKnown = iota // a limit on the GPU
+	limitNone                      // none on the GPU: the whole GPU is its to take
+	limitUnknown                   // the environment could not be read
+)
+
 // pinnedLimit reads a client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT for the GPU
 // uuid from its environment as it started (/proc/<pid>/environ; the
 // exporter needs the right to read it, as root or with CAP_SYS_PTRACE).
-func (e *Exporter) pinnedLimit(pid int, uuid string) (uint64, bool) {
-	env, err := os.ReadFile(filepath.Join(e.cfg.Procfs, strconv.Itoa(pid), "environ"))
-	if err != nil {
-		return 0, false
+//
+// A process NVML still lists may have exited by the time /proc is read,
+// or be a zombie, whose environ reads empty: on a real H200 a client that
+// failed at its limit as it started was read so in one scrape, taken for
+// a client without a limit, and its OOM counted as kind device. Such a
+// process, and one whose environ cannot be read, says nothing of a limit
+// (limitUnknown).
+func (e *Exporter) pinnedLimit(pid int, uuid string) (uint64, limitKnown) {
+	dir := filepath.Join(e.cfg.Procfs, strconv.Itoa(pid))
+	env, err := os.ReadFile(filepath.Join(dir, "environ"))
+	switch {
+	case err == nil && len(env) > 0:
+		if limit, ok := parsePinnedLimitEnv(env, uuid); ok {
+			return limit, limitPinned
+		}
+		return 0, limitNone
+	case !alive(dir):
+		return 0, limitUnknown
+	case err == nil, errors.Is(err, fs.ErrNotExist):
+		// A live process with an empty environment, or a procfs that
+		// keeps none (a test node's): no variable, no limit.
+		return 0, limitNone
 	}
-	return parsePinnedLimitEnv(env, uuid)
+	return 0, limitUnknown
+}
+
+// alive reports whether the process of a /proc/<pid> directory is there
+// and not a zombie (state Z, or X as it is reaped).
+func alive(dir string) bool {
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which may hold spaces and
+	// parentheses: it is the field after the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return false
+	}
+	state := stat[i+2]
+	return state != 'Z' && state != 'X'
 }
 
 // parsePinnedLimitEnv finds the limit on uuid in an environ file's
@@ -123,7 +169,9 @@ func parsePinnedLimitEnv(env []byte, uuid string) (uint64, bool) {
 // go through the same join as memory, so a container's limit and its memory
 // carry the same labels: each limited client stands in with its limit as
 // its memory. A container with any client whose limit cannot be read gets
-// no limit series, rather than one that understates what it may take.
+// no limit series, rather than one that understates what it may take; a
+// client whose limit is unknown (it exited, pinnedLimit) says nothing of
+// its container's cap.
 // The GPUs read go to sc.mpsGPUs, with or without a server, and the
 // clients to sc.capped, capped when they have a limit series: their device
 // OOMs there are their own limit's (oomCounter).
@@ -138,7 +186,7 @@ func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
 	if len(m.clients) == 0 || sc.failed[CollectorProcfs] {
 		return
 	}
-	var limited, unlimited []gpu.Device
+	var limited, unlimited, unknown []gpu.Device
 	for _, d := range sc.in.Devices {
 		procs, ok := m.clients[d.UUID]
 		if !ok {
@@ -146,19 +194,28 @@ func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
 		}
 		l, u := d, d
 		l.Processes, u.Processes = nil, nil
+		k := d
+		k.Processes = nil
 		for _, p := range procs {
-			if limit, ok := e.pinnedLimit(p.PID, d.UUID); ok {
+			switch limit, known := e.pinnedLimit(p.PID, d.UUID); known {
+			case limitPinned:
 				p.UsedMemoryBytes = limit
 				l.Processes = append(l.Processes, p)
-			} else {
+			case limitNone:
 				u.Processes = append(u.Processes, p)
+			default:
+				k.Processes = append(k.Processes, p)
 			}
 		}
-		limited, unlimited = append(limited, l), append(unlimited, u)
+		limited, unlimited, unknown = append(limited, l), append(unlimited, u), append(unknown, k)
 	}
 	in := sc.in
-	in.Devices = unlimited
 	without := map[[2]string]bool{}
+	in.Devices = unknown
+	for _, u := range attribution.Join(in).Usage {
+		without[[2]string{u.UUID, u.Namespace + "/" + u.Pod + "/" + u.Container.Container}] = true
+	}
+	in.Devices = unlimited
 	for _, u := range attribution.Join(in).Usage {
 		without[[2]string{u.UUID, u.Namespace + "/" + u.Pod + "/" + u.Container.Container}] = true
 		sc.capped = append(sc.capped, capped{u.Namespace, u.Pod, u.Container.Container, u.UUID, false})

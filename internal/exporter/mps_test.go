@@ -208,3 +208,73 @@ func TestParsePinnedLimitEnv(t *testing.T) {
 		}
 	}
 }
+
+// TestMPSClientSeenExiting: a client NVML still lists as it exits, whose
+// /proc entry is a zombie's (state Z, an empty environ), says nothing of
+// its limit: its container is neither capped nor uncapped by it, and its
+// OOM on a GPU running an MPS server counts as process-cap, as for a
+// client never seen (a real H200 under make test-gpu scraped one so, and
+// the OOM was counted as kind device).
+func TestMPSClientSeenExiting(t *testing.T) {
+	n, err := simnode.New("mps-node", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0 := simnode.GPUUUID("mps-node", 0)
+	n.GPUs = []*simnode.GPU{{UUID: g0, MemoryBytes: 48 << 30, Replicas: 4, Utilization: 0.9,
+		HostProcesses: []simnode.Process{{PID: 900, GPU: g0, MemoryBytes: 66 << 20, SM: 0.9, MPSServer: true}}}}
+	n.Pods = []*simnode.Pod{
+		{Namespace: "ml", Name: "dying", Containers: []*simnode.Container{{Name: "torch", Replicas: map[string][]int{g0: {0}},
+			Processes: []simnode.Process{{PID: 3301, GPU: g0, MemoryBytes: 500 << 20,
+				Environ: []string{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=12288M"}}}}}},
+		{Namespace: "ml", Name: "open", Containers: []*simnode.Container{{Name: "jax", Replicas: map[string][]int{g0: {1}},
+			Processes: []simnode.Process{{PID: 3401, GPU: g0, MemoryBytes: 2 << 30}}}}},
+	}
+	cfg := startNode(t, n)
+	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { det.Close() })
+	cfg.OOM = det
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(New(cfg))
+
+	// The kernel's view of an exiting process: its memory (and with it the
+	// environment) gone, its state Z until its parent reaps it.
+	dir := filepath.Join(n.Procfs(), "3301")
+	if err := os.WriteFile(filepath.Join(dir, "environ"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(strings.Replace(string(stat), ") S ", ") Z ", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	if l := lines(t, reg, "gpuslice_container_gpu_memory_limit_bytes"); len(l) != 0 {
+		t.Errorf("a limit series from a zombie's empty environment: %v", l)
+	}
+	for _, l := range []struct{ pod, line string }{
+		{"dying", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 52.60 GiB. GPU 0 has a total capacity of 47.99 GiB of which 45.20 GiB is free."},
+		{"open", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 52.60 GiB. GPU 0 has a total capacity of 47.99 GiB of which 45.20 GiB is free."},
+	} {
+		p, _ := n.Pod("ml", l.pod)
+		if err := n.AppendLog(p, p.Containers[0], l.line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ pod, kind string }{{"dying", "process-cap"}, {"open", "device"}} {
+		got := lines(t, reg, "gpuslice_gpu_oom_events_total", `pod="`+c.pod+`"`, `source="log"`, `kind="`+c.kind+`"`)
+		if len(got) != 1 || !strings.HasSuffix(got[0], " 1") {
+			t.Errorf("%s: %v, want one OOM of kind %s", c.pod, got, c.kind)
+		}
+	}
+}
