@@ -80,6 +80,7 @@ test-gpu-bundle: ## build test-gpu, the programs and node_exporter into .gpu/ fo
 	@mkdir -p .gpu
 	$(GO) build -trimpath -ldflags="-s -w" -o .gpu/test-gpu ./test/gpu
 	@for c in exporter plugin; do $(GO) build -trimpath -ldflags="-s -w" -o .gpu/gpuslice-$$c ./cmd/$$c || exit 1; done
+	$(GO) build -trimpath -ldflags="-s -w" -o .gpu/nvmlcost ./hack/nvmlcost
 	@ne=$$(command -v $(NODE_EXPORTER) || true); if [ -n "$$ne" ]; then cp "$$ne" .gpu/node_exporter; else echo "no $(NODE_EXPORTER): the cost check will skip node_exporter"; fi
 
 lint: fmt vet ## gofmt and go vet
