@@ -379,3 +379,37 @@ func TestObjectiveCrashLoopNeedsAFullGPU(t *testing.T) {
 		t.Errorf("got %d %s, loops %+v; want no loop and no lowering below the pods holding replicas (%s)", d.Replicas, d.Reason, d.CrashLoops, d.Message)
 	}
 }
+
+// A pod not here yet is priced as the sibling of a workload being learnt
+// (twice what its pod has shown) only when that workload shows siblings:
+// an ad hoc job that came alone has none to come, and the next pod is one
+// of the node's sizes (generated seed 32: a lone 10 GiB job made every pod
+// after the waiting ones 20 GiB, and jobs waited that static:7 let in).
+func TestArrivalSiblings(t *testing.T) {
+	def := DefaultConfig()
+	// Two services since before the tuner came, and a job of a workload
+	// never seen, started 5 minutes ago, at 10 GiB.
+	at := func(tm time.Time) map[string]uint64 {
+		m := map[string]uint64{"svc/a/c": 2 * GiB, "svc/b/c": 3 * GiB}
+		if tm.After(now.Add(-5 * time.Minute)) {
+			m["batch/adhoc-1/c"] = 10 * GiB
+		}
+		return m
+	}
+	arrival := func(pending ...PendingPod) item {
+		o := onCard(3, card(48*GiB, 30*time.Minute, 3, at))
+		o.ContainerWorkloads = map[string]string{"batch/adhoc-1/c": "Job/batch/adhoc"}
+		o.Memory = remembered(def, o)
+		o.Pending = pending
+		_, o.Memory = Round(def, o)
+		v := newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+		return v.arrival(v.latest)
+	}
+	if a := arrival(); a.mean >= float64(10*GiB) {
+		t.Errorf("alone: a pod not here yet priced at %s, want the node's sizes, under the job's 10 GiB", gibf(a.mean))
+	}
+	sibling := PendingPod{Workload: "Job/batch/adhoc", Replicas: 1, Since: now.Add(-time.Minute)}
+	if a := arrival(sibling); a.mean < float64(20*GiB) {
+		t.Errorf("a sibling waits: a pod not here yet priced at %s, want at least twice the 10 GiB shown", gibf(a.mean))
+	}
+}
