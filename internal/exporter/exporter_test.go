@@ -49,6 +49,15 @@ func newDemo(t *testing.T) *demo {
 		t.Fatal(err)
 	}
 	n.GPUs[0].Xids = []uint64{79}
+	d := &demo{node: n}
+	d.exp, d.reg = exporterWithOOM(t, n)
+	return d
+}
+
+// exporterWithOOM starts n (startNode) and returns an exporter of it that
+// reads its pods' logs for OOM events, registered on a pedantic registry.
+func exporterWithOOM(t *testing.T, n *simnode.Node) (*Exporter, *prometheus.Registry) {
+	t.Helper()
 	cfg := startNode(t, n)
 	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
 	if err != nil {
@@ -56,9 +65,9 @@ func newDemo(t *testing.T) *demo {
 	}
 	t.Cleanup(func() { det.Close() })
 	cfg.OOM = det
-	d := &demo{node: n, exp: New(cfg), reg: prometheus.NewPedanticRegistry()}
-	d.reg.MustRegister(d.exp)
-	return d
+	e, reg := New(cfg), prometheus.NewPedanticRegistry()
+	reg.MustRegister(e)
+	return e, reg
 }
 
 // startNode starts a simulated node until the test ends and returns an

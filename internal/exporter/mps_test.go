@@ -8,12 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpuslice/gpuslice/dashboards/metricnames"
 	"github.com/gpuslice/gpuslice/internal/gpu"
-	"github.com/gpuslice/gpuslice/internal/oom"
 	"github.com/gpuslice/gpuslice/test/simnode"
 )
 
@@ -51,15 +49,7 @@ func TestMPS(t *testing.T) {
 		// sees its process (as on a real H200 under make test-gpu).
 		{Namespace: "ml", Name: "fresh", Containers: []*simnode.Container{{Name: "torch", Replicas: map[string][]int{g0: {2}}}}},
 	}
-	cfg := startNode(t, n)
-	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { det.Close() })
-	cfg.OOM = det
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(New(cfg))
+	_, reg := exporterWithOOM(t, n)
 
 	want := fmt.Sprintf(`
 # HELP gpuslice_container_gpu_memory_limit_bytes %[3]s
@@ -230,15 +220,7 @@ func TestMPSClientSeenExiting(t *testing.T) {
 		{Namespace: "ml", Name: "open", Containers: []*simnode.Container{{Name: "jax", Replicas: map[string][]int{g0: {1}},
 			Processes: []simnode.Process{{PID: 3401, GPU: g0, MemoryBytes: 2 << 30}}}}},
 	}
-	cfg := startNode(t, n)
-	det, err := oom.NewDetector(oom.Config{PodLogsDir: n.PodLogs()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { det.Close() })
-	cfg.OOM = det
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(New(cfg))
+	_, reg := exporterWithOOM(t, n)
 
 	// The kernel's view of an exiting process: its memory (and with it the
 	// environment) gone, its state Z until its parent reaps it.
