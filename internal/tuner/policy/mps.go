@@ -469,10 +469,7 @@ func (v gpuView) decideMPS(lastChange time.Time, loops []CrashLoop) Decision {
 		b.hi, b.hiReason = cur, ReasonRecentOOM
 		b.hiMessage = fmt.Sprintf("%d client(s) found the GPU full in the last %s: the running clients' limits over-commit it", n, cfg.Window)
 	}
-	if s := led.s; len(s.ContainerPeaks) > s.ReplicasAllocated && s.ReplicasAllocated > 0 {
-		b.lo, b.loReason = cur, ReasonAwaitingApply
-		b.loMessage = fmt.Sprintf("%d containers in the sample and %d replicas held: a pod has just ended", len(s.ContainerPeaks), s.ReplicasAllocated)
-	}
+	b.holdWhilePodEnds(led.s, cur)
 	if settling {
 		switch v.obs.LastDirection {
 		case DirectionUp:

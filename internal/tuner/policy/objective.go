@@ -577,6 +577,17 @@ type bounds struct {
 	loMessage, hiMessage string
 }
 
+// holdWhilePodEnds forbids a lowering below cur in the round a pod ended:
+// more containers in sample s than replicas held means a pod ended since
+// the last sample and its peak is still in this one. The ledger holds it
+// for a round; a lowering on it would be undone the next.
+func (b *bounds) holdWhilePodEnds(s Sample, cur int) {
+	if len(s.ContainerPeaks) > s.ReplicasAllocated && s.ReplicasAllocated > 0 {
+		b.lo, b.loReason = cur, ReasonAwaitingApply
+		b.loMessage = fmt.Sprintf("%d containers in the sample and %d replicas held: a pod has just ended", len(s.ContainerPeaks), s.ReplicasAllocated)
+	}
+}
+
 func (v gpuView) decide(lastChange time.Time) Decision {
 	cfg, cur := v.cfg, v.cur
 	sinceChange := time.Duration(math.MaxInt64)
@@ -690,13 +701,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if banned, c, at := v.banned(); banned < b.hi {
 		narrowHi(banned, ReasonRememberedOOM, "%s, still running, OOMed on a full GPU with %d pods at %s", c, banned+1, at.Format(time.RFC3339))
 	}
-	if s := led.s; len(s.ContainerPeaks) > s.ReplicasAllocated && s.ReplicasAllocated > 0 {
-		// More containers than replicas held: a pod ended since the last
-		// sample, and its peak is still in this one. The ledger holds it
-		// for a round; a lowering on it would be undone the next.
-		b.lo, b.loReason = cur, ReasonAwaitingApply
-		b.loMessage = fmt.Sprintf("%d containers in the sample and %d replicas held: a pod has just ended", len(s.ContainerPeaks), s.ReplicasAllocated)
-	}
+	b.holdWhilePodEnds(led.s, cur)
 	if settling {
 		switch v.obs.LastDirection {
 		case DirectionUp:
