@@ -106,9 +106,11 @@ const (
 // exporter needs the right to read it, as root or with CAP_SYS_PTRACE).
 //
 // A process NVML still lists may have exited by the time /proc is read,
-// or be a zombie, whose environ reads empty: on a real H200 a client that
-// failed at its limit as it started was read so in one scrape, taken for
-// a client without a limit, and its OOM counted as kind device. Such a
+// or be a zombie, whose environ reads empty. On a real H200 the OOM of a
+// client that failed at its limit as it started was counted as kind
+// device with the MPS server running, which only a scrape that took it
+// for a client without a limit can do: read as it exited (inferred from
+// the scrapes; the exit itself was not seen). Such a
 // process, and one whose environ cannot be read, says nothing of a limit
 // (limitUnknown).
 func (e *Exporter) pinnedLimit(pid int, uuid string) (uint64, limitKnown) {
