@@ -90,9 +90,13 @@ func TestDecideWithMemory(t *testing.T) {
 			// the first shows 0.5 GiB; the largest pod running, 8 GiB, is
 			// more than twice that
 			job("batch/thumbs-1/c", "job/thumbs", GiB/2, time.Minute, []PendingPod{{Workload: "job/thumbs", Replicas: 1}}, nil), 6, ReasonSustainedHeadroom},
-		{"a pod of a workload being learnt waits when the price is less than twice what its first showed",
-			// the first shows 6 GiB; 8 GiB may be too little for it
-			job("batch/ft-1/c", "job/ft", 6*GiB, time.Minute, []PendingPod{{Workload: "job/ft", Replicas: 1}}, nil), 5, ReasonLearning},
+		{"a pod of a workload being learnt waits when the room left is less than twice what its first showed",
+			// the first shows 10 GiB a minute in: 17.5 GiB left, its
+			// sibling priced at 20
+			job("batch/ft-1/c", "job/ft", 10*GiB, time.Minute, []PendingPod{{Workload: "job/ft", Replicas: 1}}, nil), 5, ReasonLearning},
+		{"a pod of a workload being learnt is let in when the room left backs twice what its first showed",
+			// the first shows 6 GiB: 21.5 GiB left, its sibling priced at 12
+			job("batch/ft-1/c", "job/ft", 6*GiB, time.Minute, []PendingPod{{Workload: "job/ft", Replicas: 1}}, nil), 6, ReasonSustainedHeadroom},
 		{"a young container of a workload not known is reserved at the largest pod running",
 			// 20.5 + 8 (not 1) GiB: 14.7 GiB left backs one 8 GiB stranger
 			job("batch/x-1/c", "job/x", GiB, time.Minute, []PendingPod{{Workload: "job/y", Replicas: 1}, {Workload: "job/z", Replicas: 1}}, nil), 6, ReasonSustainedHeadroom},

@@ -326,7 +326,6 @@ var shippedMisses = map[string]string{
 	"issue21-16g-hourly-bursts": "waits more: each hour's burst is let in as its jobs are priced, with a spare only where the node's sizes back one; static:6 keeps six open all day",
 	"issue21-24g-margin":        "waits more: the first job waits until the tuner has learnt what a job needs (two 10 GiB models are all it has seen); then it holds 3 like static:3",
 	"issue21-24g-oom-loop":      "the operator's count lets the trainer in before any evidence and it crash-loops, as under static:4; the tuner then waits where static:5 and above crash as often",
-	"issue21-80g-deadlock":      "learning: the batch jobs' workload is learnt from its first pod while static:7 starts them all; no pod is left waiting (the deadlock is gone)",
 }
 
 func TestCriterion(t *testing.T) {
