@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -473,5 +474,32 @@ func TestPooledSpread(t *testing.T) {
 	// Alike pods are still priced at least at settledSpread.
 	if got := pooledSpread(map[string]WorkloadMemory{"b": ws["b"]}); got != settledSpread {
 		t.Errorf("alike pods: %v, want %v", got, settledSpread)
+	}
+}
+
+// A pod not here yet is priced from the pods that came, not from a service
+// that ran before the tuner came: a model server's 13.5 GiB peak among
+// notebooks of 2-2.5 GiB does not make the next notebook 13.5 GiB.
+func TestArrivalFromPodsThatCame(t *testing.T) {
+	def := DefaultConfig()
+	at := func(tm time.Time) map[string]uint64 {
+		m := map[string]uint64{"ml/ollama/c": 13*GiB + GiB/2}
+		for i, b := range []uint64{2 * GiB, 2*GiB + GiB/4, 2*GiB + GiB/2} {
+			if tm.After(now.Add(-time.Duration(20-5*i) * time.Minute)) {
+				m[fmt.Sprintf("class/nb-%d/c", i)] = b
+			}
+		}
+		return m
+	}
+	o := onCard(4, card(48*GiB, 40*time.Minute, 4, at))
+	o.Memory = remembered(def, o)
+	_, o.Memory = Round(def, o)
+	v := newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+	a := v.arrival(v.latest)
+	if a.mean > float64(3*GiB) || a.sd > float64(GiB) {
+		t.Errorf("a pod not here yet priced at %s ± %s, want about the notebooks' 2-2.5 GiB", gibf(a.mean), gibf(a.sd))
+	}
+	if s := v.sizes.stranger(); s.sd < float64(2*GiB) {
+		t.Errorf("the node's sizes, the server's among them, spread by %s: the test no longer shows the difference", gibf(s.sd))
 	}
 }
