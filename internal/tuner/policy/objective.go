@@ -314,8 +314,12 @@ func (v gpuView) queue(led ledger) []demand {
 			shown[p.Workload] = 0 // let in now: its siblings wait for it
 		default:
 			// Another workload never seen, while one is being learnt: no
-			// cheaper than the first.
+			// cheaper than the first, and let in now, so its siblings wait
+			// for it too.
 			d.item, d.stranger = v.explorer(v.late(p)), true
+			if _, ok := shown[p.Workload]; !ok {
+				shown[p.Workload] = 0
+			}
 		}
 		d.none = d.none || d.mean <= 0
 		out = append(out, d)
@@ -462,7 +466,10 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 		c.risk += overflow(total, mean, vr)
 	}
 	c.admitted = k
-	arrival := v.arrival(led)
+	arrival, rate := v.arrivalItem, v.rate
+	if !v.arrivalSet {
+		arrival, rate = v.arrival(led), v.arrivalRate()
+	}
 	if len(q) == 0 && free > 0 && arrival.mean > 0 {
 		// Spare replicas for pods not here yet, only when nobody waits:
 		// beside a raise for waiting pods they would go, unpriced, to
@@ -512,7 +519,7 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 		// own settle time is over.
 		exposure = max(v.locked, v.cfg.SampleInterval+v.obs.Apply.Latency)
 	}
-	pArr := 1 - math.Exp(-v.arrivalRate()*exposure.Seconds())
+	pArr := 1 - math.Exp(-rate*exposure.Seconds())
 	// The chain's steps build on each other, so the chance that one of them
 	// overflows is about that of the worst.
 	worst := 0.0
@@ -774,6 +781,9 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if settling {
 		v.locked = settle - sinceChange
 	}
+	// What a pod not here yet is priced at, and how often one comes, are
+	// the same for every count weighed: once a round.
+	v.arrivalItem, v.rate, v.arrivalSet = v.arrival(led), v.arrivalRate(), true
 	q := v.queue(led)
 	var best candidate
 	var at candidate

@@ -503,3 +503,30 @@ func TestArrivalFromPodsThatCame(t *testing.T) {
 		t.Errorf("the node's sizes, the server's among them, spread by %s: the test no longer shows the difference", gibf(s.sd))
 	}
 }
+
+// Learning is bounded while another workload is being learnt too: of a
+// burst of a workload never seen, one pod is let in and its siblings wait
+// for it to show its size. Without that, a model server still in its
+// first window let a 33-pod burst in at its own 0.8 GiB, 15 at once, and
+// the card OOMed 71 times (held-out generated seed 66).
+func TestLearningOnePodAtATime(t *testing.T) {
+	def := DefaultConfig()
+	// Two services since before the tuner came and a job of a workload
+	// never seen, two minutes in, on 48 GiB.
+	at := func(tm time.Time) map[string]uint64 {
+		m := map[string]uint64{"svc/a/c": 4 * GiB, "svc/b/c": 4 * GiB}
+		if tm.After(now.Add(-2 * time.Minute)) {
+			m["batch/a-1/c"] = GiB
+		}
+		return m
+	}
+	o := onCard(3, card(48*GiB, 30*time.Minute, 3, at))
+	o.ContainerWorkloads = map[string]string{"batch/a-1/c": "Job/batch/a"}
+	for range 5 {
+		o.Pending = append(o.Pending, PendingPod{Workload: "Job/batch/b", Replicas: 1, Since: now.Add(-time.Minute)})
+	}
+	d, _ := replay(def, o)
+	if d.Replicas != 4 {
+		t.Errorf("Round = %d %s, want 4: one pod of the burst let in\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+}

@@ -41,6 +41,11 @@ type gpuView struct {
 	// locked is how long the count in effect still stands before it may
 	// move the other way (0: it may move now).
 	locked time.Duration
+	// arrivalItem and rate are arrival and arrivalRate of the latest
+	// ledger, when arrivalSet (decide computes them once a round).
+	arrivalItem item
+	rate        float64
+	arrivalSet  bool
 	// latest is the ledger of the latest sample over a Window; ok is
 	// false when there is none (no sample, or its total unknown).
 	latest ledger
