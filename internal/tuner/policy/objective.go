@@ -341,10 +341,10 @@ func (v gpuView) queue(led ledger) []demand {
 //
 // The node's sizes it is drawn from are those of the pods that came (that
 // ended here, or arrived after the tuner's first look), once there are
-// minCame of them: a model server that ran before the tuner came does not arrive, and
-// its 13.5 GiB peak among a classroom's 2.5 GiB notebooks priced the next
-// notebook at 2.2 ± 8.8 GiB and kept the queue waiting with 17 GiB free
-// (generated seed 109; TestArrivalFromPodsThatCame).
+// minCame of them: a model server that ran before the tuner came does not
+// arrive, and its 13.5 GiB peak among a classroom's 2.5 GiB notebooks
+// priced the next notebook at 2.2 ± 8.8 GiB and kept the queue waiting with
+// 17 GiB free (generated seed 109; TestArrivalFromPodsThatCame).
 //
 // A workload whose pod came alone (an ad hoc job, an anonymous job, a
 // classroom's notebook: each its own workload) has no sibling to come, and
@@ -511,8 +511,7 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	// their steps are certain. Taken as certain, the pods not here yet kept
 	// every job of a workload never seen off an 80 GiB card with 30 GiB
 	// free (issue 21, kind 1: 13,965 pod-seconds pending against static:7's
-	// none; 600 now, all in the first window).
-	// (TestHandoffArrivals)
+	// none; 600 now, all in the first window; TestHandoffArrivals).
 	exposure := v.obs.Apply.Settle(v.cfg)
 	if n == v.cur {
 		// The count in effect may be lowered in the next round, once its
