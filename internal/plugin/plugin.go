@@ -435,7 +435,7 @@ func (p *Plugin) recomputeLocked() {
 		}
 	}
 	for name, devs := range p.plan.Resources {
-		p.serverLocked(name).setDevices(apiDevices(devs))
+		p.serverLocked(name, apiDevices(devs))
 	}
 	for name, s := range p.servers {
 		if _, ok := p.plan.Resources[name]; !ok {
@@ -446,12 +446,17 @@ func (p *Plugin) recomputeLocked() {
 	p.changed = make(chan struct{})
 }
 
-// serverLocked returns the server of a resource, starting it on first use.
-func (p *Plugin) serverLocked(resource string) *resourceServer {
+// serverLocked gives a resource's server its devices, starting the server
+// on first use with them already set: started first, it could register and
+// answer the kubelet's first ListAndWatch with no devices, and the node
+// would advertise none until the next list.
+func (p *Plugin) serverLocked(resource string, devs []*pluginapi.Device) *resourceServer {
 	if s, ok := p.servers[resource]; ok {
+		s.setDevices(devs)
 		return s
 	}
 	s := newResourceServer(p, resource)
+	s.setDevices(devs)
 	p.servers[resource] = s
 	if p.runCtx != nil {
 		ctx := p.runCtx
