@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gpuslice/gpuslice/dashboards/metricnames"
@@ -97,20 +98,12 @@ gpuslice_unattributed_gpu_memory_used_bytes{gpu="1",uuid="%[2]s"} 0
 	if err := n.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range []struct{ pod, line string }{
+	logAndScrape(t, n, reg, []podLine{
 		{"train", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 114.20 GiB is free."},
 		{"nolimit", "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 21474836480 bytes."},
 		{"sliced", simnode.PyTorchOOM},
 		{"fresh", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 52.60 GiB. GPU 0 has a total capacity of 139.80 GiB of which 130.20 GiB is free."},
-	} {
-		p, _ := n.Pod("ml", l.pod)
-		if err := n.AppendLog(p, p.Containers[0], l.line); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := reg.Gather(); err != nil {
-		t.Fatal(err)
-	}
+	})
 	if l := lines(t, reg, "gpuslice_container_gpu_memory_limit_bytes"); len(l) != 0 {
 		t.Errorf("a limit series for a container without processes: %v", l)
 	}
@@ -241,10 +234,26 @@ func TestMPSClientSeenExiting(t *testing.T) {
 	if l := lines(t, reg, "gpuslice_container_gpu_memory_limit_bytes"); len(l) != 0 {
 		t.Errorf("a limit series from a zombie's empty environment: %v", l)
 	}
-	for _, l := range []struct{ pod, line string }{
+	logAndScrape(t, n, reg, []podLine{
 		{"dying", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 52.60 GiB. GPU 0 has a total capacity of 47.99 GiB of which 45.20 GiB is free."},
 		{"open", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 52.60 GiB. GPU 0 has a total capacity of 47.99 GiB of which 45.20 GiB is free."},
-	} {
+	})
+	for _, c := range []struct{ pod, kind string }{{"dying", "process-cap"}, {"open", "device"}} {
+		got := lines(t, reg, "gpuslice_gpu_oom_events_total", `pod="`+c.pod+`"`, `source="log"`, `kind="`+c.kind+`"`)
+		if len(got) != 1 || !strings.HasSuffix(got[0], " 1") {
+			t.Errorf("%s: %v, want one OOM of kind %s", c.pod, got, c.kind)
+		}
+	}
+}
+
+// podLine is a line a pod of namespace ml writes to its first container's
+// log.
+type podLine struct{ pod, line string }
+
+// logAndScrape writes each line to its pod's log and scrapes reg once.
+func logAndScrape(t *testing.T, n *simnode.Node, reg *prometheus.Registry, lines []podLine) {
+	t.Helper()
+	for _, l := range lines {
 		p, _ := n.Pod("ml", l.pod)
 		if err := n.AppendLog(p, p.Containers[0], l.line); err != nil {
 			t.Fatal(err)
@@ -252,11 +261,5 @@ func TestMPSClientSeenExiting(t *testing.T) {
 	}
 	if _, err := reg.Gather(); err != nil {
 		t.Fatal(err)
-	}
-	for _, c := range []struct{ pod, kind string }{{"dying", "process-cap"}, {"open", "device"}} {
-		got := lines(t, reg, "gpuslice_gpu_oom_events_total", `pod="`+c.pod+`"`, `source="log"`, `kind="`+c.kind+`"`)
-		if len(got) != 1 || !strings.HasSuffix(got[0], " 1") {
-			t.Errorf("%s: %v, want one OOM of kind %s", c.pod, got, c.kind)
-		}
 	}
 }

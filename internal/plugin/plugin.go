@@ -450,10 +450,10 @@ func (p *Plugin) recomputeLocked() {
 // on first use with them already set: started first, it could register and
 // answer the kubelet's first ListAndWatch with no devices, and the node
 // would advertise none until the next list.
-func (p *Plugin) serverLocked(resource string, devs []*pluginapi.Device) *resourceServer {
+func (p *Plugin) serverLocked(resource string, devs []*pluginapi.Device) {
 	if s, ok := p.servers[resource]; ok {
 		s.setDevices(devs)
-		return s
+		return
 	}
 	s := newResourceServer(p, resource)
 	s.setDevices(devs)
@@ -462,7 +462,6 @@ func (p *Plugin) serverLocked(resource string, devs []*pluginapi.Device) *resour
 		ctx := p.runCtx
 		p.goRun(func() { s.run(ctx) })
 	}
-	return s
 }
 
 // SocketName is the socket file of a resource's server:

@@ -432,7 +432,7 @@ type candidate struct {
 const maxHandoffs = 4
 
 // weigh predicts count n from the ledger, the priced queue and the price
-// of a pod not here yet.
+// and rate of pods not here yet (arrivalItem, rate: decide sets them).
 func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	c := candidate{n: n}
 	total := float64(led.s.MemoryTotalBytes)
@@ -467,9 +467,6 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	}
 	c.admitted = k
 	arrival, rate := v.arrivalItem, v.rate
-	if !v.arrivalSet {
-		arrival, rate = v.arrival(led), v.arrivalRate()
-	}
 	if len(q) == 0 && free > 0 && arrival.mean > 0 {
 		// Spare replicas for pods not here yet, only when nobody waits:
 		// beside a raise for waiting pods they would go, unpriced, to
@@ -782,7 +779,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	}
 	// What a pod not here yet is priced at, and how often one comes, are
 	// the same for every count weighed: once a round.
-	v.arrivalItem, v.rate, v.arrivalSet = v.arrival(led), v.arrivalRate(), true
+	v.arrivalItem, v.rate = v.arrival(led), v.arrivalRate()
 	q := v.queue(led)
 	var best candidate
 	var at candidate

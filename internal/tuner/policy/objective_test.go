@@ -60,6 +60,18 @@ func remembered(cfg Config, o Observation) Memory {
 	return mem
 }
 
+// besides is a container mix of services running since before the tuner
+// came and job c, at bytes, since age ago.
+func besides(services map[string]uint64, c string, bytes uint64, age time.Duration) func(time.Time) map[string]uint64 {
+	return func(tm time.Time) map[string]uint64 {
+		m := maps.Clone(services)
+		if tm.After(now.Add(-age)) {
+			m[c] = bytes
+		}
+		return m
+	}
+}
+
 // onCard is a node of one GPU at cur replicas.
 func onCard(cur int, ss []Sample) Observation {
 	return Observation{Node: "homelab", Now: now, CurrentReplicas: cur, GPUs: []GPUObservation{{UUID: "GPU-0", Samples: ss}}}
@@ -391,13 +403,7 @@ func TestArrivalSiblings(t *testing.T) {
 	def := DefaultConfig()
 	// Two services since before the tuner came, and a job of a workload
 	// never seen, started 5 minutes ago, at 10 GiB.
-	at := func(tm time.Time) map[string]uint64 {
-		m := map[string]uint64{"svc/a/c": 2 * GiB, "svc/b/c": 3 * GiB}
-		if tm.After(now.Add(-5 * time.Minute)) {
-			m["batch/adhoc-1/c"] = 10 * GiB
-		}
-		return m
-	}
+	at := besides(map[string]uint64{"svc/a/c": 2 * GiB, "svc/b/c": 3 * GiB}, "batch/adhoc-1/c", 10*GiB, 5*time.Minute)
 	arrival := func(pending ...PendingPod) item {
 		o := onCard(3, card(48*GiB, 30*time.Minute, 3, at))
 		o.ContainerWorkloads = map[string]string{"batch/adhoc-1/c": "Job/batch/adhoc"}
@@ -426,13 +432,7 @@ func TestHandoffArrivals(t *testing.T) {
 	def := DefaultConfig()
 	// Two services since before the tuner came, and a 2 GiB job of a
 	// known workload started 5 minutes ago, on 24 GiB.
-	at := func(tm time.Time) map[string]uint64 {
-		m := map[string]uint64{"svc/a/c": 8 * GiB, "svc/b/c": 4 * GiB}
-		if tm.After(now.Add(-5 * time.Minute)) {
-			m["batch/job-1/c"] = 2 * GiB
-		}
-		return m
-	}
+	at := besides(map[string]uint64{"svc/a/c": 8 * GiB, "svc/b/c": 4 * GiB}, "batch/job-1/c", 2*GiB, 5*time.Minute)
 	decide := func(arrivals int) Decision {
 		o := onCard(3, card(24*GiB, 30*time.Minute, 3, at))
 		o.ContainerWorkloads = map[string]string{"batch/job-1/c": "Job/batch/job"}
@@ -513,13 +513,7 @@ func TestLearningOnePodAtATime(t *testing.T) {
 	def := DefaultConfig()
 	// Two services since before the tuner came and a job of a workload
 	// never seen, two minutes in, on 48 GiB.
-	at := func(tm time.Time) map[string]uint64 {
-		m := map[string]uint64{"svc/a/c": 4 * GiB, "svc/b/c": 4 * GiB}
-		if tm.After(now.Add(-2 * time.Minute)) {
-			m["batch/a-1/c"] = GiB
-		}
-		return m
-	}
+	at := besides(map[string]uint64{"svc/a/c": 4 * GiB, "svc/b/c": 4 * GiB}, "batch/a-1/c", GiB, 2*time.Minute)
 	o := onCard(3, card(48*GiB, 30*time.Minute, 3, at))
 	o.ContainerWorkloads = map[string]string{"batch/a-1/c": "Job/batch/a"}
 	for range 5 {

@@ -42,10 +42,9 @@ type gpuView struct {
 	// move the other way (0: it may move now).
 	locked time.Duration
 	// arrivalItem and rate are arrival and arrivalRate of the latest
-	// ledger, when arrivalSet (decide computes them once a round).
+	// ledger: decide sets them once a round, before weighing any count.
 	arrivalItem item
 	rate        float64
-	arrivalSet  bool
 	// latest is the ledger of the latest sample over a Window; ok is
 	// false when there is none (no sample, or its total unknown).
 	latest ledger
