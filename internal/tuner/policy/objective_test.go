@@ -567,3 +567,55 @@ func TestGuessedStrangersSpread(t *testing.T) {
 		t.Errorf("Round = %d %s, want more than the %d of the guessed price: a job's size is a measure\nmessage: %s", d.Replicas, d.Reason, guessed, d.Message)
 	}
 }
+
+// A departure's replica goes on whenever it comes; the ones after it are
+// weighed by the chance that they come while the count stands.
+func TestDeparting(t *testing.T) {
+	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-9 }
+	// Workloads not known: nothing says when they end, every departure is
+	// certain, up to as many pods as leave.
+	if got := departing([]time.Duration{-1, -1, -1}, 5*time.Minute, 4); !slices.Equal(got, []float64{1, 1, 1, 0, 0}) {
+		t.Errorf("departing(unknown ×3) = %v, want [1 1 1 0 0]", got)
+	}
+	// Jobs with an hour left each: the first goes on whenever it leaves;
+	// each other leaves within 5 minutes with the chance 1/12.
+	got := departing([]time.Duration{time.Hour, time.Hour, time.Hour}, 5*time.Minute, 4)
+	p := 1.0 / 12
+	if want := 1 - (1-p)*(1-p); !near(got[0], 1) || !near(got[1], want) || !near(got[2], p*p) || !near(got[3], 0) {
+		t.Errorf("departing(an hour left ×3) = %v, want [1 %.4f %.4f 0 0]", got, want, p*p)
+	}
+	// A job whose time is up leaves for certain beside the first.
+	if got := departing([]time.Duration{time.Hour, 0, 2 * time.Minute}, 5*time.Minute, 4); !near(got[1], 1) || !near(got[2], 5.0/60) {
+		t.Errorf("departing(an hour, none and 2 minutes left) = %v, want [1 1 0.0833 0 0]", got)
+	}
+}
+
+// A job past its first window that holds far less than its workload's pods
+// reach is still loading, and is reserved at their size: a notebook loads
+// its model minutes after its kernel starts, some after more than a window
+// (held-out generated seed 81: reserved at its 2.2 GiB eleven minutes in,
+// a raise let another pod in on that room and it grew to 9 GiB).
+func TestLoadingPastItsWindow(t *testing.T) {
+	def := DefaultConfig()
+	reserved := func(bytes uint64, lifetime time.Duration) float64 {
+		c := "class/nb-9/c"
+		o := onCard(3, card(48*GiB, 30*time.Minute, 3, besides(map[string]uint64{"svc/a/c": 20 * GiB}, c, bytes, 11*time.Minute)))
+		o.ContainerWorkloads = map[string]string{c: "Job/class/nb"}
+		o.Memory = remembered(def, o)
+		_, o.Memory = Round(def, o)
+		w := job(7*GiB, 7*GiB+GiB/2, 8*GiB)
+		w.Lifetime = lifetime
+		o.Memory.Workloads["Job/class/nb"] = w
+		v := newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+		return v.reservation(c, def.Window).mean
+	}
+	if r := reserved(2*GiB+GiB/5, 90*time.Minute); r < float64(7*GiB) {
+		t.Errorf("a notebook at 2.2 GiB 11 minutes in, of pods of 7-8 GiB, reserved at %s, want its workload's 7.5 GiB", gibf(r))
+	}
+	if r := reserved(7*GiB, 90*time.Minute); r > float64(7*GiB+GiB/4) {
+		t.Errorf("a notebook at 7 GiB reserved at %s, want its own size: it has loaded", gibf(r))
+	}
+	if r := reserved(2*GiB+GiB/5, 24*time.Hour); r > float64(3*GiB) {
+		t.Errorf("a service's pod at 2.2 GiB reserved at %s, want its own size: a service grows along its record's trajectory", gibf(r))
+	}
+}

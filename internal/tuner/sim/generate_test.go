@@ -441,7 +441,6 @@ var knownMisses = map[uint64]missKind{
 	9:  missRound,
 	10: missStranger,
 	12: missLearning,
-	13: missLearning, // met the bar until departures were taken smallest first (transient), which ended seed 8's OOM after a raise
 	14: missWait,
 	15: missLearning,
 	22: missStranger,
