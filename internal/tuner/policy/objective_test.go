@@ -574,18 +574,25 @@ func TestDeparting(t *testing.T) {
 	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-9 }
 	// Workloads not known: nothing says when they end, every departure is
 	// certain, up to as many pods as leave.
-	if got := departing([]time.Duration{-1, -1, -1}, 5*time.Minute, 4); !slices.Equal(got, []float64{1, 1, 1, 0, 0}) {
+	if got := departing([]time.Duration{-1, -1, -1}, 5*time.Minute, 4, 0); !slices.Equal(got, []float64{1, 1, 1, 0, 0}) {
 		t.Errorf("departing(unknown ×3) = %v, want [1 1 1 0 0]", got)
 	}
 	// Jobs with an hour left each: the first goes on whenever it leaves;
 	// each other leaves within 5 minutes with the chance 1/12.
-	got := departing([]time.Duration{time.Hour, time.Hour, time.Hour}, 5*time.Minute, 4)
+	got := departing([]time.Duration{time.Hour, time.Hour, time.Hour}, 5*time.Minute, 4, 0)
 	p := 1.0 / 12
 	if want := 1 - (1-p)*(1-p); !near(got[0], 1) || !near(got[1], want) || !near(got[2], p*p) || !near(got[3], 0) {
 		t.Errorf("departing(an hour left ×3) = %v, want [1 %.4f %.4f 0 0]", got, want, p*p)
 	}
+	// Pods alone whose workload's lifetime is not known, on a node where
+	// pods leave at a measured rate: each leaves with its share of it.
+	got = departing([]time.Duration{-1, -1, -1}, 5*time.Minute, 4, 1.0/600)
+	q := 1 - math.Exp(-0.5)
+	if want := 1 - (1-q)*(1-q); !near(got[0], 1) || !near(got[1], want) || !near(got[2], q*q) {
+		t.Errorf("departing(unknown ×3, one pod in 600 s each) = %v, want [1 %.4f %.4f 0 0]", got, want, q*q)
+	}
 	// A job whose time is up leaves for certain beside the first.
-	if got := departing([]time.Duration{time.Hour, 0, 2 * time.Minute}, 5*time.Minute, 4); !near(got[1], 1) || !near(got[2], 5.0/60) {
+	if got := departing([]time.Duration{time.Hour, 0, 2 * time.Minute}, 5*time.Minute, 4, 0); !near(got[1], 1) || !near(got[2], 5.0/60) {
 		t.Errorf("departing(an hour, none and 2 minutes left) = %v, want [1 1 0.0833 0 0]", got)
 	}
 }

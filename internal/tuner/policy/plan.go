@@ -45,6 +45,8 @@ type gpuView struct {
 	// ledger: decide sets them once a round, before weighing any count.
 	arrivalItem item
 	rate        float64
+	// departures is departureRate of the latest round.
+	departures float64
 	// latest is the ledger of the latest sample over a Window; ok is
 	// false when there is none (no sample, or its total unknown).
 	latest ledger
