@@ -731,17 +731,7 @@ func (v gpuView) arrivals() int {
 // stream is busier at ten than over the hour; one pod in a quarter hour
 // is no spell).
 func (v gpuView) arrivalRate() float64 {
-	short := arrivalHorizon / 4
-	n := 0
-	for _, t := range v.obs.Memory.Arrivals {
-		if v.now.Sub(t) <= short {
-			n++
-		}
-	}
-	r := float64(v.arrivals()) / arrivalHorizon.Seconds()
-	if n >= minSpell {
-		r = max(r, float64(n)/short.Seconds())
-	}
+	r, _ := v.spellRate(v.obs.Memory.Arrivals)
 	return r
 }
 
@@ -750,9 +740,26 @@ func (v gpuView) arrivalRate() float64 {
 // Memory.SizesAt, or not seen since the last rounds, Memory.Containers);
 // 0 while fewer than minSpell ended in the last arrivalHorizon.
 func (v gpuView) departureRate() float64 {
+	ends := slices.Clone(v.obs.Memory.SizesAt)
+	for _, c := range v.obs.Memory.Containers {
+		if d := v.now.Sub(c.LastSeen); d > 2*v.cfg.SampleInterval && d <= v.cfg.Window {
+			ends = append(ends, c.LastSeen)
+		}
+	}
+	r, n := v.spellRate(ends)
+	if n < minSpell {
+		return 0
+	}
+	return r
+}
+
+// spellRate is the rate per second of the events at ts over the last
+// arrivalHorizon, or over its last quarter when that is higher and counts
+// at least minSpell, and how many fell in the whole horizon.
+func (v gpuView) spellRate(ts []time.Time) (float64, int) {
 	short := arrivalHorizon / 4
 	var n, spell int
-	count := func(t time.Time) {
+	for _, t := range ts {
 		if d := v.now.Sub(t); d <= arrivalHorizon {
 			n++
 			if d <= short {
@@ -760,22 +767,11 @@ func (v gpuView) departureRate() float64 {
 			}
 		}
 	}
-	for _, t := range v.obs.Memory.SizesAt {
-		count(t)
-	}
-	for _, c := range v.obs.Memory.Containers {
-		if d := v.now.Sub(c.LastSeen); d > 2*v.cfg.SampleInterval && d <= v.cfg.Window {
-			count(c.LastSeen)
-		}
-	}
-	if n < minSpell {
-		return 0
-	}
 	r := float64(n) / arrivalHorizon.Seconds()
 	if spell >= minSpell {
 		r = max(r, float64(spell)/short.Seconds())
 	}
-	return r
+	return r, n
 }
 
 // minSpell is how many pods a quarter hour needs to count as a spell.

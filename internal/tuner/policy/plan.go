@@ -177,27 +177,19 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 		s := v.explorer(true)
 		return item{mean: max(float64(r), s.mean), sd: s.sd}
 	}
-	if age < v.cfg.Window || v.loading(w, float64(r), age) {
-		// A pod still loading is on its way to its workload's size, not
-		// to what it shows now: each job of a burst ramps at its own pace,
-		// so the record's trajectory (PeakByAge, the fastest pod's) says
-		// nothing about this one's growth. Reserved at its workload's
-		// typical size (the mean of its pods that ended, else the largest
-		// its pods reached), uncertain by how much its pods differ.
-		typical, sd := float64(w.PeakBytes), v.podSpread*float64(w.PeakBytes)
-		if spread, ok := w.spread(); ok {
-			typical, sd = w.MeanPeak, max(spread, settledSpread*w.MeanPeak)
-		}
-		if typical > float64(r) {
-			return item{mean: typical, sd: sd}
-		}
+	// A pod still loading is on its way to its workload's size, not to
+	// what it shows now: each job of a burst ramps at its own pace, so the
+	// record's trajectory (PeakByAge, the fastest pod's) says nothing
+	// about this one's growth. Reserved at its workload's typical size.
+	if t := v.typical(w); (age < v.cfg.Window || v.loading(w, t, float64(r), age)) && t.mean > float64(r) {
+		return t
 	}
 	return item{mean: float64(r), sd: settledSpread * float64(r)}
 }
 
 // loading says whether a pod past its first window, at r bytes and this
 // age, is still on its way to its workload's size: it holds less than its
-// workload's typical size by more than twice its pods' spread, and it is
+// workload's typical size (typical) by more than twice its pods' spread, and it is
 // a job (its workload's pods run for less than transientAge; a service's
 // growth is its record's trajectory) younger than half its workload's
 // lifetime. A notebook loads its model
@@ -205,15 +197,21 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 // 2.2 GiB eleven minutes in, of a workload whose pods reach 7.4 GiB, was
 // reserved at 2.2 GiB, a raise let another pod in on that room, and the
 // notebook grew to 9 GiB (held-out generated seed 81).
-func (v gpuView) loading(w WorkloadMemory, r float64, age time.Duration) bool {
+func (v gpuView) loading(w WorkloadMemory, typical item, r float64, age time.Duration) bool {
 	if !w.Known(v.cfg) || w.Lifetime <= 0 || w.Lifetime >= transientAge || age >= w.Lifetime/2 {
 		return false
 	}
-	typical, sd := float64(w.PeakBytes), v.podSpread*float64(w.PeakBytes)
+	return r < typical.mean-2*typical.sd
+}
+
+// typical is the size of a pod of workload w: the mean of its pods that
+// ended, else the largest its pods reached, uncertain by how much its pods
+// differ (measured, else the node's pooled spread).
+func (v gpuView) typical(w WorkloadMemory) item {
 	if spread, ok := w.spread(); ok {
-		typical, sd = w.MeanPeak, max(spread, settledSpread*w.MeanPeak)
+		return item{mean: w.MeanPeak, sd: max(spread, settledSpread*w.MeanPeak)}
 	}
-	return r < typical-2*sd
+	return item{mean: float64(w.PeakBytes), sd: v.podSpread * float64(w.PeakBytes)}
 }
 
 // age is how long container c has been seen: since Memory first saw it,
