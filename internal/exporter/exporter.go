@@ -164,6 +164,9 @@ func New(cfg Config) *Exporter {
 	if cfg.OOM != nil {
 		e.outputs = append(e.outputs, source{CollectorOOM, e.collectOOM})
 	}
+	if l, ok := cfg.GPU.(gpu.ProcessLister); ok && ooms != nil {
+		ooms.t.SetMPSProbe(func(uuid string) bool { return e.mpsServerNow(l, uuid) })
+	}
 	return e
 }
 

@@ -2,6 +2,7 @@ package exporter
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io/fs"
 	"os"
@@ -71,6 +72,21 @@ func (e *Exporter) splitMPS(sc *scrape) mpsScrape {
 	return m
 }
 
+// mpsServerNow reads whether GPU uuid runs an MPS server now, for the OOM
+// tracker (oom.Tracker.SetMPSProbe), which asks only when an OOM it reads
+// between scrapes would otherwise count as device for want of a server
+// in the last scrape. The caller holds e.mu.
+func (e *Exporter) mpsServerNow(l gpu.ProcessLister, uuid string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	procs, err := l.ComputeProcesses(ctx, uuid)
+	if err != nil {
+		e.log.Debug("OOM: cannot tell whether the GPU runs an MPS server", "uuid", uuid, "err", err)
+		return false
+	}
+	return slices.ContainsFunc(procs, e.isMPSServer)
+}
+
 // isMPSServer tells an MPS server by the backend's word or by the program
 // it runs (its comm is cut to 15 characters, "nvidia-cuda-mps", which the
 // control daemon shares; the daemon holds no GPU context, but cmdline says
@@ -106,13 +122,12 @@ const (
 // exporter needs the right to read it, as root or with CAP_SYS_PTRACE).
 //
 // A process NVML still lists may have exited by the time /proc is read,
-// or be a zombie, whose environ reads empty. On a real H200 the OOM of a
-// client that failed at its limit as it started was counted as kind
-// device with the MPS server running, which only a scrape that took it
-// for a client without a limit can do: read as it exited (inferred from
-// the scrapes; the exit itself was not seen). Such a
-// process, and one whose environ cannot be read, says nothing of a limit
-// (limitUnknown).
+// or be a zombie, whose environ reads empty: such a process, and one
+// whose environ cannot be read, says nothing of a limit (limitUnknown),
+// rather than passing for a client without one. (This was first taken
+// for why a real H200 counted a client's OOM at its limit as device; the
+// same failure came again with it fixed, from the OOM watch reading the
+// log before any scrape had seen the MPS server: oom.Tracker.SetMPSProbe.)
 func (e *Exporter) pinnedLimit(pid int, uuid string) (uint64, limitKnown) {
 	dir := filepath.Join(e.cfg.Procfs, strconv.Itoa(pid))
 	env, err := os.ReadFile(filepath.Join(dir, "environ"))

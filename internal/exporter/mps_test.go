@@ -1,6 +1,7 @@
 package exporter
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -261,5 +262,51 @@ func logAndScrape(t *testing.T, n *simnode.Node, reg *prometheus.Registry, lines
 	}
 	if _, err := reg.Gather(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMPSServerStartedBetweenScrapes: a client that fails at its limit as
+// it starts is never seen by a scrape, and may be the first the GPU's MPS
+// server serves since the last one (the control daemon starts the server
+// for its first client). The OOM watch reads its log before the next
+// scrape: the OOM counts as process-cap, the GPU asked whether it runs a
+// server then; one read while none runs stays device. On a real H200 the
+// watch had counted such an OOM as device, by the last scrape's reading.
+func TestMPSServerStartedBetweenScrapes(t *testing.T) {
+	n, err := simnode.New("mps-node", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0 := simnode.GPUUUID("mps-node", 0)
+	n.GPUs = []*simnode.GPU{{UUID: g0, MemoryBytes: 48 << 30, Replicas: 4}}
+	n.Pods = []*simnode.Pod{
+		{Namespace: "ml", Name: "before", Containers: []*simnode.Container{{Name: "torch", Replicas: map[string][]int{g0: {0}}}}},
+		{Namespace: "ml", Name: "after", Containers: []*simnode.Container{{Name: "torch", Replicas: map[string][]int{g0: {1}}}}},
+	}
+	e, reg := exporterWithOOM(t, n)
+	if _, err := reg.Gather(); err != nil { // no server yet
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	e.watchOnce(ctx)
+	oomLine := func(pod string) {
+		t.Helper()
+		p, _ := n.Pod("ml", pod)
+		if err := n.AppendLog(p, p.Containers[0], "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 52.60 GiB."); err != nil {
+			t.Fatal(err)
+		}
+		e.watchOnce(ctx)
+	}
+	oomLine("before")
+	n.GPUs[0].HostProcesses = []simnode.Process{{PID: 900, GPU: g0, MemoryBytes: 66 << 20, MPSServer: true}}
+	if err := n.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	oomLine("after")
+	for _, c := range []struct{ pod, kind string }{{"before", "device"}, {"after", "process-cap"}} {
+		got := lines(t, reg, "gpuslice_gpu_oom_events_total", `pod="`+c.pod+`"`, `source="log"`, `kind="`+c.kind+`"`)
+		if len(got) != 1 || !strings.HasSuffix(got[0], " 1") {
+			t.Errorf("%s: %v, want one OOM of kind %s", c.pod, got, c.kind)
+		}
 	}
 }

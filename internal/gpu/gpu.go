@@ -202,3 +202,15 @@ type Backend interface {
 	// Close releases the backend (stops event readers, shuts NVML down).
 	Close() error
 }
+
+// ProcessLister is a Backend that lists one GPU's compute processes on
+// their own, without the rest of a Snapshot: no utilization sample is
+// read, so the window the next Snapshot reports over does not move. The
+// exporter's OOM watch, which reads logs between scrapes, asks it whether
+// a GPU runs a CUDA MPS server now.
+type ProcessLister interface {
+	// ComputeProcesses lists the compute processes of GPU uuid (PID,
+	// memory, MPSServer where the backend knows it). It fails for a GPU
+	// it does not know.
+	ComputeProcesses(ctx context.Context, uuid string) ([]Process, error)
+}

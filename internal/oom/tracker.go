@@ -39,7 +39,7 @@ import (
 // that a device OOM blamed on a GPU shared through MPS counts as
 // KindProcessCap: that of a container seen there with a pinned limit, and
 // that of a container never seen there as a client at all while the GPU
-// runs an MPS server (MPS). Under MPS a client that reaches its pinned
+// runs an MPS server (MPS, or asked as the OOM is read: SetMPSProbe). Under MPS a client that reaches its pinned
 // limit gets CUDA's ordinary out-of-memory error (PyTorch's "CUDA out of
 // memory", JAX's RESOURCE_EXHAUSTED), which does not say that the limit,
 // not the GPU, ran out; the cap it hit is its own, as with PyTorch's
@@ -64,6 +64,9 @@ type Tracker struct {
 	caps map[Container]map[string]capSeen
 	// mps holds the GPUs that ran an MPS server at their last reading.
 	mps map[string]bool
+	// mpsNow, when set, reads whether a GPU runs an MPS server now
+	// (SetMPSProbe).
+	mpsNow func(uuid string) bool
 }
 
 // capSeen is a container last seen an MPS client of a GPU at seen, with a
@@ -176,6 +179,38 @@ func (t *Tracker) MPS(uuid string, on bool) {
 	}
 }
 
+// SetMPSProbe gives the Tracker a reading of whether GPU uuid runs an MPS
+// server now. It is asked only for a device OOM of a container never seen
+// an MPS client there, on a GPU whose last reading (MPS) had no server,
+// and then once per Scan: logs are read between readings, and the client
+// that fails at its limit as it starts may be the first the server has
+// served since the last one. On a real H200 such an OOM, read by the OOM
+// watch before any scrape had seen the server, counted as device.
+func (t *Tracker) SetMPSProbe(f func(uuid string) bool) { t.mpsNow = f }
+
+// kindNow is kind, after asking the MPS probe (SetMPSProbe) about a device
+// OOM that the last reading of uuid would count as device for want of a
+// server. probed keeps the answers of one Scan.
+func (t *Tracker) kindNow(ev Event, uuid string, probed map[string]bool) Kind {
+	k := t.kind(ev, uuid)
+	if k != KindDevice || ev.Kind != KindDevice || t.mpsNow == nil || uuid == "" || t.mps[uuid] {
+		return k
+	}
+	if _, seen := t.caps[ev.Container][uuid]; seen {
+		return k // a client seen without a limit: its OOM is the GPU's
+	}
+	on, asked := probed[uuid]
+	if !asked {
+		on = t.mpsNow(uuid)
+		probed[uuid] = on
+	}
+	if !on {
+		return k
+	}
+	t.mps[uuid] = true
+	return t.kind(ev, uuid)
+}
+
 // kind is the kind an event of c blamed on uuid counts under.
 func (t *Tracker) kind(ev Event, uuid string) Kind {
 	if ev.Kind != KindDevice {
@@ -224,12 +259,13 @@ func (t *Tracker) Scan(now time.Time, terms func(Container) []Termination) error
 		}
 	}
 	events, err := t.d.Scan(containers, ts)
+	probed := map[string]bool{}
 	for _, ev := range events {
 		w := t.watch[containerKey{ev.Container.Namespace, ev.Container.Pod, ev.Container.Container}]
 		if w == nil {
 			continue
 		}
-		ck := CountKey{ev.Container.Namespace, ev.Container.Pod, ev.Container.Container, w.uuid, ev.Source, t.kind(ev, w.uuid)}
+		ck := CountKey{ev.Container.Namespace, ev.Container.Pod, ev.Container.Container, w.uuid, ev.Source, t.kindNow(ev, w.uuid, probed)}
 		cn := t.counts[ck]
 		if cn == nil {
 			cn = &count{}

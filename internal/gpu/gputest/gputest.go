@@ -169,7 +169,7 @@ func SimFile(gpus ...GPUSpec) sim.File {
 			s.XidEvents = append(s.XidEvents, sim.XidEvent{Xid: x})
 		}
 		for _, p := range g.Processes {
-			sp := sim.Process{PID: p.PID, UsedMemoryBytes: p.UsedMemoryBytes}
+			sp := sim.Process{PID: p.PID, UsedMemoryBytes: p.UsedMemoryBytes, MPSServer: p.MPSServer}
 			if p.HasSMUtilization {
 				sp.SMUtilization = &p.SMUtilization
 			}

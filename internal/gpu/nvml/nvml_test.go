@@ -883,3 +883,36 @@ func TestIdentityCachedPerSession(t *testing.T) {
 		t.Errorf("after a lost GPU: %d handle lookups, want 1", h)
 	}
 }
+
+// TestComputeProcesses: one GPU's compute list alone, for the exporter's
+// OOM watch, reads no utilization sample (the next Snapshot's window stays
+// where the last ended), and refuses a GPU no Snapshot has read.
+func TestComputeProcesses(t *testing.T) {
+	n := newNode(t)
+	g0 := n.gpus[0]
+	g0.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 3 * gib}, {Pid: 200, UsedGpuMemory: ^uint64(0)}}, nvml.SUCCESS
+	}
+	b := n.open(t)
+	uuid, _ := g0.GetUUID()
+	ctx := context.Background()
+	if _, err := b.ComputeProcesses(ctx, uuid); err == nil {
+		t.Error("a GPU no Snapshot has read: no error")
+	}
+	snapshot(t, b)
+	samples := len(g0.GetSamplesCalls()) + len(g0.GetProcessUtilizationCalls())
+	got, err := b.ComputeProcesses(ctx, uuid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []gpu.Process{{PID: 100, UsedMemoryBytes: 3 * gib}, {PID: 200}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ComputeProcesses (-want +got):\n%s", diff)
+	}
+	if after := len(g0.GetSamplesCalls()) + len(g0.GetProcessUtilizationCalls()); after != samples {
+		t.Errorf("%d utilization readings, want none", after-samples)
+	}
+	if _, err := b.ComputeProcesses(ctx, "GPU-nowhere"); err == nil || !strings.Contains(err.Error(), "GPU-nowhere") {
+		t.Errorf("an unknown GPU: %v, want an error naming it", err)
+	}
+}

@@ -116,6 +116,18 @@ type Process struct {
 	MPSServer       bool `yaml:"mpsServer,omitempty"`
 }
 
+// process is p as a reading gives it.
+func (p Process) process() gpu.Process {
+	q := gpu.Process{PID: p.PID, UsedMemoryBytes: p.UsedMemoryBytes, MPSServer: p.MPSServer}
+	if p.SMUtilization != nil {
+		q.SMUtilization, q.HasSMUtilization = *p.SMUtilization, true
+	}
+	if p.GPUInstance != nil {
+		q.InMIG, q.GPUInstanceID, q.ComputeInstanceID = true, *p.GPUInstance, *p.ComputeInstance
+	}
+	return q
+}
+
 // Backend reads the simulated node from its file. It is safe for concurrent
 // use.
 type Backend struct {
@@ -131,7 +143,10 @@ type Backend struct {
 	lastFile *File
 }
 
-var _ gpu.Backend = (*Backend)(nil)
+var (
+	_ gpu.Backend       = (*Backend)(nil)
+	_ gpu.ProcessLister = (*Backend)(nil)
+)
 
 // New returns a backend over the file at path. It does not read the file:
 // the first Snapshot does, and reports a missing or invalid file then, so a
@@ -164,6 +179,31 @@ func (b *Backend) Xids() []gpu.XidCount {
 		b.countXids(f)
 	}
 	return b.xids.List()
+}
+
+// ComputeProcesses reads the file and returns GPU uuid's processes.
+func (b *Backend) ComputeProcesses(ctx context.Context, uuid string) ([]gpu.Process, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f, err := b.read()
+	if err != nil {
+		return nil, err
+	}
+	for _, g := range f.GPUs {
+		if g.UUID != uuid {
+			continue
+		}
+		if g.Error != "" {
+			return nil, fmt.Errorf("sim file %s: GPU %s: %s", b.path, uuid, g.Error)
+		}
+		procs := make([]gpu.Process, len(g.Processes))
+		for j, p := range g.Processes {
+			procs[j] = p.process()
+		}
+		return procs, nil
+	}
+	return nil, fmt.Errorf("sim file %s: no GPU %s", b.path, uuid)
 }
 
 // Close does nothing: the backend holds nothing open between readings.
@@ -242,15 +282,7 @@ func (f *File) snapshot() gpu.Snapshot {
 			d.Processes = make([]gpu.Process, len(g.Processes))
 		}
 		for j, p := range g.Processes {
-			d.Processes[j] = gpu.Process{PID: p.PID, UsedMemoryBytes: p.UsedMemoryBytes, MPSServer: p.MPSServer}
-			if p.SMUtilization != nil {
-				d.Processes[j].SMUtilization = *p.SMUtilization
-				d.Processes[j].HasSMUtilization = true
-			}
-			if p.GPUInstance != nil {
-				d.Processes[j].InMIG = true
-				d.Processes[j].GPUInstanceID, d.Processes[j].ComputeInstanceID = *p.GPUInstance, *p.ComputeInstance
-			}
+			d.Processes[j] = p.process()
 			used += p.UsedMemoryBytes
 		}
 		d.MemoryUsedBytes = used

@@ -383,3 +383,31 @@ func BenchmarkParse8x64(b *testing.B) {
 		}
 	}
 }
+
+// TestComputeProcesses: one GPU's processes as Snapshot reads them, the
+// MPS server marked; a GPU the file lacks is an error naming it and the
+// file.
+func TestComputeProcesses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gpus.yaml")
+	server := gpu.Process{PID: 900, UsedMemoryBytes: 66 << 20, MPSServer: true}
+	gputest.WriteSimFile(t, path, gputest.GPU("GPU-a", 1<<30), gputest.GPU("GPU-b", 1<<30, gputest.Proc(300, 1<<20, 0.5), server))
+	b := sim.New(path)
+	ctx := context.Background()
+	snap, err := b.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.ComputeProcesses(ctx, "GPU-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(snap.Devices[1].Processes, got); diff != "" {
+		t.Errorf("ComputeProcesses against Snapshot's (-snapshot +got):\n%s", diff)
+	}
+	if len(got) != 2 || !got[1].MPSServer {
+		t.Errorf("ComputeProcesses: %+v, want 2 processes, the server marked", got)
+	}
+	if _, err := b.ComputeProcesses(ctx, "GPU-c"); err == nil || !strings.Contains(err.Error(), "GPU-c") || !strings.Contains(err.Error(), path) {
+		t.Errorf("a GPU the file lacks: %v, want an error naming it and the file", err)
+	}
+}
