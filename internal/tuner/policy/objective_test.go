@@ -626,3 +626,30 @@ func TestLoadingPastItsWindow(t *testing.T) {
 		t.Errorf("a service's pod at 2.2 GiB reserved at %s, want its own size: a service grows along its record's trajectory", gibf(r))
 	}
 }
+
+// A workload known only from pods still running (its first pod watched a
+// window, none ended) is priced at what they showed ± 10% at least, and
+// its siblings let in together share that error: a cron burst's first job
+// at 6.2 GiB after its window, nine waiting beside 44.5 GiB on 80 GiB.
+// Priced ± 3% each, independent, five went in at once; each grew to
+// 7.5 GiB and the card OOMed after the raise (held-out generated seed 74).
+func TestKnownFromRunningPods(t *testing.T) {
+	def := DefaultConfig()
+	services := map[string]uint64{"svc/a/c": 30 * GiB, "svc/b/c": 8*GiB + GiB/10}
+	first := "cron/j-0/c"
+	o := onCard(3, card(80*GiB, 40*time.Minute, 3, besides(services, first, 6*GiB+GiB/5, 12*time.Minute)))
+	o.ContainerWorkloads = map[string]string{first: "Job/cron/j"}
+	for i := range 9 {
+		o.Pending = append(o.Pending, PendingPod{Workload: "Job/cron/j", Replicas: 1, Since: now.Add(-12 * time.Minute).Add(time.Duration(i) * time.Second)})
+	}
+	d, mem := replay(def, o)
+	if w := mem.Workloads["Job/cron/j"]; !w.Known(def) || w.Pods != 0 {
+		t.Fatalf("the burst's workload: known %v, %d pods ended; want known from its running pod alone", w.Known(def), w.Pods)
+	}
+	if d.Replicas > 3+4 {
+		t.Errorf("Round = %d %s, want at most 7: five siblings at 6.2 GiB ± 10%%, sharing their error, may not fit the 35.5 GiB free\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+	if d.Replicas < 3+3 {
+		t.Errorf("Round = %d %s, want a raise for three or four: they fit with room to spare\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+}
