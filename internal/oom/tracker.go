@@ -39,7 +39,8 @@ import (
 // that a device OOM blamed on a GPU shared through MPS counts as
 // KindProcessCap: that of a container seen there with a pinned limit, and
 // that of a container never seen there as a client at all while the GPU
-// runs an MPS server (MPS, or asked as the OOM is read: SetMPSProbe). Under MPS a client that reaches its pinned
+// runs an MPS server (MPS, or asked as the OOM is read: SetMPSProbe).
+// Under MPS a client that reaches its pinned
 // limit gets CUDA's ordinary out-of-memory error (PyTorch's "CUDA out of
 // memory", JAX's RESOURCE_EXHAUSTED), which does not say that the limit,
 // not the GPU, ran out; the cap it hit is its own, as with PyTorch's
@@ -65,8 +66,10 @@ type Tracker struct {
 	// mps holds the GPUs that ran an MPS server at their last reading.
 	mps map[string]bool
 	// mpsNow, when set, reads whether a GPU runs an MPS server now
-	// (SetMPSProbe).
+	// (SetMPSProbe); read holds the GPUs MPS was told of since the last
+	// Scan: that Scan need not ask again.
 	mpsNow func(uuid string) bool
+	read   map[string]bool
 }
 
 // capSeen is a container last seen an MPS client of a GPU at seen, with a
@@ -110,7 +113,7 @@ func NewTracker(d *Detector) *Tracker {
 		base = kinds[0]
 	}
 	return &Tracker{d: d, forgetAfter: d.forgetAfter, watch: map[containerKey]*watched{}, counts: map[CountKey]*count{},
-		base: base, caps: map[Container]map[string]capSeen{}, mps: map[string]bool{}}
+		base: base, caps: map[Container]map[string]capSeen{}, mps: map[string]bool{}, read: map[string]bool{}}
 }
 
 // ZeroKind is the kind of c's counters at 0 on GPU uuid: that of a plain
@@ -172,6 +175,7 @@ func (t *Tracker) Cap(c Container, uuid string, capped bool, now time.Time) {
 // the device OOMs blamed on it of containers never seen its clients count
 // as KindProcessCap while it does.
 func (t *Tracker) MPS(uuid string, on bool) {
+	t.read[uuid] = on
 	if on {
 		t.mps[uuid] = true
 	} else {
@@ -182,7 +186,8 @@ func (t *Tracker) MPS(uuid string, on bool) {
 // SetMPSProbe gives the Tracker a reading of whether GPU uuid runs an MPS
 // server now. It is asked only for a device OOM of a container never seen
 // an MPS client there, on a GPU whose last reading (MPS) had no server,
-// and then once per Scan: logs are read between readings, and the client
+// and then once per Scan, and not when MPS was told of it since the last
+// Scan (a scrape's own reading): logs are read between readings, and the client
 // that fails at its limit as it starts may be the first the server has
 // served since the last one. On a real H200 such an OOM, read by the OOM
 // watch before any scrape had seen the server, counted as device.
@@ -190,7 +195,8 @@ func (t *Tracker) SetMPSProbe(f func(uuid string) bool) { t.mpsNow = f }
 
 // kindNow is kind, after asking the MPS probe (SetMPSProbe) about a device
 // OOM that the last reading of uuid would count as device for want of a
-// server. probed keeps the answers of one Scan.
+// server. probed keeps the answers of one Scan, MPS's since the last
+// one among them.
 func (t *Tracker) kindNow(ev Event, uuid string, probed map[string]bool) Kind {
 	k := t.kind(ev, uuid)
 	if k != KindDevice || ev.Kind != KindDevice || t.mpsNow == nil || uuid == "" || t.mps[uuid] {
@@ -259,7 +265,8 @@ func (t *Tracker) Scan(now time.Time, terms func(Container) []Termination) error
 		}
 	}
 	events, err := t.d.Scan(containers, ts)
-	probed := map[string]bool{}
+	probed := t.read
+	t.read = map[string]bool{}
 	for _, ev := range events {
 		w := t.watch[containerKey{ev.Container.Namespace, ev.Container.Pod, ev.Container.Container}]
 		if w == nil {

@@ -229,6 +229,39 @@ func TestTrackerMPSGPU(t *testing.T) {
 	}
 }
 
+// TestTrackerMPSProbe: a device OOM read on a GPU whose last reading had
+// no MPS server asks the probe once per Scan, and counts as process-cap
+// when it says a server runs now; a Scan right after a reading (a
+// scrape's) takes the reading's word and does not ask.
+func TestTrackerMPSProbe(t *testing.T) {
+	w := newWorld(t)
+	tr := NewTracker(w.detector(Config{}))
+	asked, server := 0, false
+	tr.SetMPSProbe(func(string) bool { asked++; return server })
+	w.trackerScan(tr)
+	tr.Watch(trainer, gpuA, w.now)
+	oomAt := func(at time.Duration) {
+		w.write(w.logPath(trainer, 0), cri(at, "stderr", "F", torchOOM))
+	}
+	tr.MPS(gpuA, false) // a scrape's reading, then its scan
+	oomAt(0)
+	w.trackerScan(tr)
+	if asked != 0 {
+		t.Errorf("a scan right after a reading asked the probe %d times", asked)
+	}
+	server = true // the watch's scan, the server started since
+	oomAt(time.Minute)
+	oomAt(2 * time.Minute)
+	w.trackerScan(tr)
+	if asked != 1 {
+		t.Errorf("the probe was asked %d times in one scan, want once", asked)
+	}
+	wantCounts(t, "MPS probe", tr, map[string]float64{
+		"trainer-0/GPU-a/log/device": 1, "trainer-0/GPU-a/termination/device": 0,
+		"trainer-0/GPU-a/log/process-cap": 2,
+	})
+}
+
 // TestTrackerZeroKind: the counters a container starts with are of the
 // kind of a plain GPU OOM: device with the catalogue or any set of
 // patterns that has a device one, else the first kind of the user's

@@ -290,11 +290,7 @@ func (b *Backend) ComputeProcesses(ctx context.Context, uuid string) ([]gpu.Proc
 	}
 	procs := make([]gpu.Process, 0, len(list))
 	for _, p := range list {
-		mem := p.UsedGpuMemory
-		if mem == notAvailable {
-			mem = 0
-		}
-		procs = append(procs, gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem})
+		procs = append(procs, gpu.Process{PID: int(p.Pid), UsedMemoryBytes: usedMemory(p)})
 	}
 	return procs, nil
 }
@@ -633,6 +629,15 @@ func (b *Backend) readMIGDevice(mh nvml.Device, uuid string, i int) (m gpu.MIGDe
 // process's used memory.
 const notAvailable = ^uint64(0)
 
+// usedMemory is the memory NVML lists a process with, 0 where the driver
+// does not account for it (notAvailable).
+func usedMemory(p nvml.ProcessInfo) uint64 {
+	if p.UsedGpuMemory == notAvailable {
+		return 0
+	}
+	return p.UsedGpuMemory
+}
+
 // noInstance is what NVML puts in a process's GPU and compute instance IDs
 // outside MIG (0xFFFFFFFF).
 const noInstance = ^uint32(0)
@@ -665,10 +670,7 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, util ut
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
 		for _, p := range list {
-			mem := p.UsedGpuMemory
-			if mem == notAvailable {
-				mem = 0
-			}
+			mem := usedMemory(p)
 			if j := slices.IndexFunc(procs, func(q gpu.Process) bool { return q.PID == int(p.Pid) }); j >= 0 {
 				procs[j].UsedMemoryBytes = max(procs[j].UsedMemoryBytes, mem)
 				continue
@@ -711,10 +713,7 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, util ut
 	}
 	for _, m := range migProcs {
 		for _, p := range m.list {
-			mem := p.UsedGpuMemory
-			if mem == notAvailable {
-				mem = 0
-			}
+			mem := usedMemory(p)
 			j := slices.IndexFunc(procs, func(q gpu.Process) bool { return q.PID == int(p.Pid) })
 			if j < 0 {
 				procs = append(procs, gpu.Process{PID: int(p.Pid)})

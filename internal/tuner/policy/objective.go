@@ -267,13 +267,24 @@ type demand struct {
 	known, learning, explore, none bool
 	// workload: set for a pod of a workload known only from pods still
 	// running; such siblings let in together share their price's error,
-	// which adds up like the strangers' (weigh).
+	// which adds up like the strangers' (shares).
 	workload string
 	// stranger: priced from the node's sizes, not its own record. The
 	// strangers let in together are not independent draws: a burst of
 	// anonymous jobs is one kind of job under many names, so their
-	// uncertainties add up, not their variances (weigh).
+	// uncertainties add up, not their variances (shares).
 	stranger bool
+}
+
+// shares says whether d's price shares its error with other waiting pods
+// let in with it, and with which (their uncertainties add up, not their
+// variances): every stranger with every other (""), a pod of a workload
+// known only from running pods with its siblings.
+func (d demand) shares() (string, bool) {
+	if d.stranger {
+		return "", true
+	}
+	return d.workload, d.workload != ""
 }
 
 // queue prices the waiting pods in queue order (a replica goes to the
@@ -498,25 +509,19 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	}
 	free := n - a
 	k := 0
-	var cs float64            // the strangers' uncertainty, which adds up (demand.stranger)
-	var ws map[string]float64 // the same, per workload known from running pods (demand.workload)
+	var shared map[string]float64 // errors that add up, by group (demand.shares)
 	for k < len(q) && !q[k].none && q[k].replicas <= free {
 		mean += q[k].mean
-		switch {
-		case q[k].stranger:
-			vr -= cs * cs
-			cs += q[k].sd
-			vr += cs * cs
-		case q[k].workload != "":
-			if ws == nil {
-				ws = map[string]float64{}
+		if g, ok := q[k].shares(); ok {
+			if shared == nil {
+				shared = map[string]float64{}
 			}
-			w := ws[q[k].workload]
-			vr -= w * w
-			w += q[k].sd
-			vr += w * w
-			ws[q[k].workload] = w
-		default:
+			e := shared[g]
+			vr -= e * e
+			e += q[k].sd
+			vr += e * e
+			shared[g] = e
+		} else {
 			vr += q[k].sd * q[k].sd
 		}
 		free -= q[k].replicas
