@@ -43,6 +43,15 @@ type Lister interface {
 	List(ctx context.Context) ([]podresources.Allocation, error)
 }
 
+// instanceLister is a Lister that can tell which kubelet process serves it
+// (*podresources.Client can). A new one is a kubelet restart, seen from the
+// PodResources socket, which a starting kubelet serves before it creates
+// kubelet.sock again: answers from that moment on lack pods still running.
+type instanceLister interface {
+	Lister
+	Instance() podresources.Instance
+}
+
 // Options configure a Plugin. Backend and Source are required.
 type Options struct {
 	Backend gpu.Backend
@@ -65,12 +74,12 @@ type Options struct {
 	// problem to be healthy again (default 1 min); HeldInterval how often
 	// the IDs in use are read (default 10 s).
 	HealthInterval, RecoveryInterval, HeldInterval time.Duration
-	// RestartGrace is how long after the kubelet restarts (kubelet.sock
-	// created again) a PodResources answer may add IDs in use but not drop
-	// any (default 2 min). A real kubelet (v1.37.1) answers PodResources
-	// right after a restart, before it has rebuilt its pod list: an ID
-	// dropped then would stop being advertised, and the pod holding it
-	// would fail re-admission.
+	// RestartGrace is how long after the kubelet restarts (its
+	// PodResources socket or kubelet.sock created again) a PodResources
+	// answer may add IDs in use but not drop any (default 2 min). A real
+	// kubelet (v1.37.1) answers PodResources right after a restart, before
+	// it has rebuilt its pod list: an ID dropped then would stop being
+	// advertised, and the pod holding it would fail re-admission.
 	RestartGrace time.Duration
 	// MPSRoot is the host directory of the MPS control daemons (NVIDIA's
 	// layout, mps.go), seen at the same path by this process; empty
@@ -96,11 +105,14 @@ type Plugin struct {
 	health   *healthTracker
 	readOnce bool   // the backend answered at least once
 	held     []held // from PodResources
-	// kubeletRestarted is when kubelet.sock was last created again.
+	// kubeletRestarted is when the kubelet was last seen starting again:
+	// kubelet.sock created, or a PodResources answer from a new socket.
 	kubeletRestarted time.Time
-	recent           map[held]time.Time
-	plan             plan
-	warned           map[string]bool
+	// podResourcesAt is the PodResources socket of the last answer.
+	podResourcesAt podresources.Instance
+	recent         map[held]time.Time
+	plan           plan
+	warned         map[string]bool
 	// heldFailing is set while the PodResources API does not answer, so
 	// that an outage is logged once.
 	heldFailing atomic.Bool
@@ -275,12 +287,12 @@ func (p *Plugin) applyConfig(u Update) error {
 	}
 	// Read the IDs in use now, not up to HeldInterval ago: a shrink must
 	// not drop an ID given out since.
-	heldNow, started, heldErr := p.listHeld()
+	heldNow, heldErr := p.listHeld()
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if heldErr == nil {
-		p.setHeldLocked(heldNow, started)
+		p.setHeldLocked(heldNow)
 	}
 	p.cfg, p.cfgData = &cfg, bytes.Clone(u.Data)
 	p.metrics.reloads.Inc()
@@ -290,14 +302,21 @@ func (p *Plugin) applyConfig(u Update) error {
 	return nil
 }
 
-// listHeld reads the device IDs the kubelet has given out. started is when
-// the question was asked: the answer covers every Allocate that returned
-// before.
-func (p *Plugin) listHeld() (ids []held, started time.Time, err error) {
+// heldAnswer is one PodResources answer: the IDs in use; when the question
+// was asked (the answer covers every Allocate that returned before); and
+// the kubelet socket read right after it, zero when the Lister cannot tell.
+type heldAnswer struct {
+	ids     []held
+	started time.Time
+	socket  podresources.Instance
+}
+
+// listHeld reads the device IDs the kubelet has given out.
+func (p *Plugin) listHeld() (heldAnswer, error) {
 	if p.o.PodResources == nil {
-		return nil, time.Time{}, errNoPodResources
+		return heldAnswer{}, errNoPodResources
 	}
-	started = time.Now()
+	a := heldAnswer{started: time.Now()}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	allocs, err := p.o.PodResources.List(ctx)
@@ -305,26 +324,48 @@ func (p *Plugin) listHeld() (ids []held, started time.Time, err error) {
 		if !p.heldFailing.Swap(true) {
 			p.log.Warn("cannot read the IDs in use from the kubelet; using the last known ones", "err", err)
 		}
-		return nil, started, err
+		return heldAnswer{}, err
+	}
+	if il, ok := p.o.PodResources.(instanceLister); ok {
+		// Read after the answer: if the kubelet restarted at any moment
+		// since the last answer, the socket read now is new.
+		a.socket = il.Instance()
 	}
 	if p.heldFailing.Swap(false) {
 		p.log.Info("reading the IDs in use from the kubelet again")
 	}
-	for _, a := range allocs {
-		if !strings.HasPrefix(a.Resource, "nvidia.com/") {
+	for _, al := range allocs {
+		if !strings.HasPrefix(al.Resource, "nvidia.com/") {
 			continue
 		}
-		for _, id := range a.DeviceIDs {
-			ids = append(ids, held{ID: id, Resource: a.Resource})
+		for _, id := range al.DeviceIDs {
+			a.ids = append(a.ids, held{ID: id, Resource: al.Resource})
 		}
 	}
-	return ids, started, nil
+	return a, nil
 }
 
 var errNoPodResources = errors.New("no PodResources API configured")
 
 // setHeldLocked records a PodResources answer. p.mu is held.
-func (p *Plugin) setHeldLocked(ids []held, started time.Time) {
+func (p *Plugin) setHeldLocked(a heldAnswer) {
+	ids, started := a.ids, a.started
+	if a.socket.Known() {
+		// A kubelet that starts again serves PodResources before it has
+		// read its pods from the API server, and can do so before it
+		// creates kubelet.sock: so this answer may be the first sign of
+		// the restart. (On the real node, kubelet v1.37.1, the plugin once
+		// registered again 6 ms after kubelet.sock appeared already
+		// without an ID still held, with no failed PodResources call
+		// logged: an answer of the new kubelet had come first.)
+		if p.podResourcesAt.Known() && !a.socket.Same(p.podResourcesAt) {
+			p.log.Info("the kubelet's PodResources socket is new: the kubelet restarted; IDs in use are kept through the restart grace", "grace", p.o.RestartGrace)
+			if started.After(p.kubeletRestarted) {
+				p.kubeletRestarted = started
+			}
+		}
+		p.podResourcesAt = a.socket
+	}
 	if !p.kubeletRestarted.IsZero() && started.Sub(p.kubeletRestarted) < p.o.RestartGrace {
 		// The kubelet may not know every pod yet: keep what it said before.
 		for _, h := range p.held {
@@ -357,11 +398,11 @@ func (p *Plugin) heldLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		h, started, err := p.listHeld()
+		a, err := p.listHeld()
 		p.mu.Lock()
 		if err == nil {
-			heldChanged, nRecent := !slices.Equal(h, p.held), len(p.recent)
-			p.setHeldLocked(h, started)
+			heldChanged, nRecent := !slices.Equal(a.ids, p.held), len(p.recent)
+			p.setHeldLocked(a)
 			if heldChanged || len(p.recent) != nRecent {
 				p.recomputeLocked()
 			}

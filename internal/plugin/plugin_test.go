@@ -380,11 +380,11 @@ func TestShrinkKeepsHeldReplicaUntilReleased(t *testing.T) {
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
 }
 
-// A real kubelet answers PodResources right after a restart, before it has
-// rebuilt its pod list. An ID held above a lowered count must stay
-// advertised through that empty answer, and go once the kubelet, past the
-// grace, says it is free.
-func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
+// startDraining starts a plugin whose count went from 4 to 2 while a pod
+// holds uuid0::3, and waits for the kubelet to see the draining list, which
+// it returns.
+func startDraining(t *testing.T) (*harness, string) {
+	t.Helper()
 	h := start(t, setup{config: config(4), gpus: twoSpecs(), pods: true})
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 4), ids(uuid1, 0, 4)))
 	h.pods.SetPods([]podresources.Allocation{
@@ -393,27 +393,20 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	h.writeConfig(config(2))
 	draining := want(rid(uuid0, 0), rid(uuid0, 3), ids(uuid1, 0, 2))
 	h.kubelet.waitList(gpuRes, draining)
+	return h, draining
+}
+
+// A real kubelet answers PodResources right after a restart, before it has
+// rebuilt its pod list. An ID held above a lowered count must stay
+// advertised through that empty answer, and go once the kubelet, past the
+// grace, says it is free.
+func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
+	h, draining := startDraining(t)
 
 	h.kubelet.restart()
 	h.kubelet.waitFor("registration #2", func() bool { return h.kubelet.registrationCount(gpuRes) == 2 })
 	h.pods.SetPods(nil) // the restarted kubelet's first answers
-	// One read of the IDs in use, as the held loop makes every 20 ms.
-	readHeld := func() []string {
-		t.Helper()
-		ids, started, err := h.plugin.listHeld()
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.plugin.mu.Lock()
-		defer h.plugin.mu.Unlock()
-		h.plugin.setHeldLocked(ids, started)
-		h.plugin.recomputeLocked()
-		var out []string
-		for _, d := range h.plugin.plan.Resources[gpuRes] {
-			out = append(out, d.ID)
-		}
-		return out
-	}
+	readHeld := func() []string { return readHeld(t, h) }
 	if got := readHeld(); !slices.Contains(got, rid(uuid0, 3)) {
 		t.Fatalf("the held ID was dropped after the kubelet restart: %v", got)
 	}
@@ -427,6 +420,60 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 		t.Errorf("the released ID is still advertised past the grace: %v", got)
 	}
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+}
+
+// readHeld makes one read of the IDs in use, as the held loop does every
+// 20 ms, and returns the IDs the plan advertises after it.
+func readHeld(t *testing.T, h *harness) []string {
+	t.Helper()
+	a, err := h.plugin.listHeld()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.plugin.mu.Lock()
+	defer h.plugin.mu.Unlock()
+	h.plugin.setHeldLocked(a)
+	h.plugin.recomputeLocked()
+	var out []string
+	for _, d := range h.plugin.plan.Resources[gpuRes] {
+		out = append(out, d.ID)
+	}
+	return out
+}
+
+// A restarting kubelet serves PodResources, with no pods yet, before it
+// creates kubelet.sock again. The plugin must see the restart in the new
+// PodResources socket and keep the held ID, or it registers again without
+// it and the kubelet's re-admission of the pod fails ("previously
+// allocated devices are no longer healthy", seen on the real node).
+func TestKubeletRestartSeenFromPodResources(t *testing.T) {
+	h, draining := startDraining(t)
+	if got := readHeld(t, h); !slices.Contains(got, rid(uuid0, 3)) {
+		t.Fatalf("the held ID is not advertised before the restart: %v", got)
+	}
+
+	// The new kubelet's PodResources, before its pods are read; kubelet.sock
+	// is not created again yet (no registration). Stopped first, so that no
+	// read finds the old kubelet's socket answering with no pods.
+	h.pods.Stop()
+	h.pods.SetPods(nil)
+	if err := h.pods.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readHeld(t, h); !slices.Contains(got, rid(uuid0, 3)) {
+		t.Fatalf("the held ID was dropped on the restarted kubelet's first answer: %v", got)
+	}
+	h.kubelet.restart()
+	h.kubelet.waitFor("registration #2", func() bool { return h.kubelet.registrationCount(gpuRes) == 2 })
+	h.kubelet.waitList(gpuRes, draining)
+
+	// The same kubelet's later empty answer, past the grace, frees it.
+	h.plugin.mu.Lock()
+	h.plugin.kubeletRestarted = time.Now().Add(-h.plugin.o.RestartGrace)
+	h.plugin.mu.Unlock()
+	if got := readHeld(t, h); slices.Contains(got, rid(uuid0, 3)) {
+		t.Errorf("the released ID is still advertised past the grace: %v", got)
+	}
 }
 
 func TestXidHealth(t *testing.T) {

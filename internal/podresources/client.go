@@ -263,3 +263,35 @@ func (c *Client) call(ctx context.Context, method string, rpc func(context.Conte
 	}
 	return fmt.Errorf("podresources %s: %s: %w", method, c.path, err)
 }
+
+// Instance tells one kubelet process's socket from the next one's. A kubelet
+// creates its PodResources socket anew each time it starts, and answers on
+// it before it has rebuilt its pod list from the API server; a client that
+// sees the Instance change knows that answers may be missing pods that are
+// still running. The zero Instance is "no socket".
+type Instance struct {
+	info fs.FileInfo
+}
+
+// Same reports whether a and b are the same socket file: the same inode,
+// created at the same time (a recreated socket can reuse a freed inode
+// number, its modification time is new).
+func (a Instance) Same(b Instance) bool {
+	if a.info == nil || b.info == nil {
+		return a.info == nil && b.info == nil
+	}
+	return os.SameFile(a.info, b.info) && a.info.ModTime().Equal(b.info.ModTime())
+}
+
+// Known reports whether the socket existed when the Instance was read.
+func (a Instance) Known() bool { return a.info != nil }
+
+// Instance reads which socket file the kubelet serves on now; the zero
+// Instance when it is missing or cannot be read.
+func (c *Client) Instance() Instance {
+	fi, err := os.Stat(c.path)
+	if err != nil {
+		return Instance{}
+	}
+	return Instance{info: fi}
+}

@@ -361,3 +361,43 @@ func TestConcurrentCalls(t *testing.T) {
 		}
 	}
 }
+
+// A restarted kubelet's socket is a new Instance, even where the file system
+// gives the new socket the old one's inode number.
+func TestInstance(t *testing.T) {
+	path := podresourcestest.SocketPath(t)
+	c, err := podresources.NewClient(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Instance().Known() {
+		t.Fatal("Instance known before the socket exists")
+	}
+	if !c.Instance().Same(podresources.Instance{}) {
+		t.Error("two missing sockets are not the same Instance")
+	}
+	srv, err := podresourcestest.Start(t, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := c.Instance()
+	if !first.Known() || !first.Same(c.Instance()) {
+		t.Fatalf("the same socket read twice is not the same Instance: %+v", first)
+	}
+	if _, err := c.List(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !first.Same(c.Instance()) {
+		t.Error("a call changed the Instance")
+	}
+	// Socket files' times have a clock tick's resolution at best; wait for
+	// the clock to move so that the test does not depend on the inode.
+	time.Sleep(20 * time.Millisecond)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if second := c.Instance(); !second.Known() || second.Same(first) {
+		t.Errorf("the restarted server's socket is the same Instance as the first")
+	}
+}

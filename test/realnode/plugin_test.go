@@ -143,7 +143,7 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	n := need(t)
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
 	writeConfig(t, cfg, 3)
-	startPlugin(t, cfg)
+	plugin, _ := startPlugin(t, cfg)
 	waitAllocatable(t, gpuRes, 3, 60*time.Second)
 
 	holder := createPod(t, fakeCUDAPod("restart-holder", podOpts{args: []string{"-memory", "0s=1Gi"}}))
@@ -200,6 +200,15 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	if raced != "" {
 		t.Logf("the kubelet restarted the looper before the plugin re-registered (its own race): %s", raced)
 	}
+	// The real kubelet creates its PodResources socket anew when it starts,
+	// and the plugin, reading it every second, tells the restart from that
+	// too (it may come before kubelet.sock; docs/plugin.md).
+	testproc.Eventually(t, 30*time.Second, 200*time.Millisecond, func() string {
+		if !strings.Contains(plugin.Output(), "PodResources socket is new") {
+			return "the plugin did not see the kubelet's restart in its PodResources socket"
+		}
+		return ""
+	})
 	for _, h := range []string{holder.Name, holder2.Name} {
 		if p := getPod(t, h); p.Status.Phase != corev1.PodRunning {
 			t.Fatalf("after the kubelet restart %s is %s: %s", h, p.Status.Phase, podWhy(p))
