@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,6 +69,10 @@ func (k *fakeKubelet) listen() {
 	if err != nil {
 		k.t.Fatalf("fake kubelet: %v", err)
 	}
+	k.serve(lis)
+}
+
+func (k *fakeKubelet) serve(lis net.Listener) {
 	srv := grpc.NewServer()
 	pluginapi.RegisterRegistrationServer(srv, k)
 	k.mu.Lock()
@@ -93,6 +98,13 @@ func (k *fakeKubelet) stop() {
 // restart does what a restarting kubelet does: it goes away, removes every
 // socket in the device-plugin directory, and serves a new kubelet.sock.
 func (k *fakeKubelet) restart() {
+	k.goAway()
+	k.listen()
+}
+
+// goAway stops the kubelet and removes every socket in the device-plugin
+// directory, as a kubelet that starts again does.
+func (k *fakeKubelet) goAway() {
 	k.stop()
 	entries, err := os.ReadDir(k.dir)
 	if err != nil {
@@ -103,7 +115,44 @@ func (k *fakeKubelet) restart() {
 			os.Remove(filepath.Join(k.dir, e.Name()))
 		}
 	}
-	k.listen()
+}
+
+// restartAcceptingLate restarts like restart, but creates kubelet.sock
+// before it accepts connections on it, as a starting kubelet does: the
+// socket is bound, and listens only once the plugin, woken by the file,
+// has served its own socket again (pluginSocket) and a moment more.
+func (k *fakeKubelet) restartAcceptingLate(pluginSocket string) {
+	k.t.Helper()
+	k.goAway()
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: k.socket}); err != nil {
+		syscall.Close(fd)
+		k.t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(pluginSocket); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			syscall.Close(fd)
+			k.t.Fatalf("fake kubelet: the plugin did not serve %s again", pluginSocket)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the plugin dials kubelet.sock meanwhile
+	if err := syscall.Listen(fd, 16); err != nil {
+		syscall.Close(fd)
+		k.t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), k.socket)
+	lis, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.serve(lis)
 }
 
 // Register implements pluginapi.RegistrationServer the way the kubelet does:

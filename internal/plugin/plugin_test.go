@@ -81,6 +81,8 @@ type setup struct {
 	source     Source // default: a FileSource on config
 	mpsRoot    string // Options.MPSRoot
 	quiet      bool   // no logs (benchmarks)
+	// logs, when set, also receives every record logged.
+	logs slog.Handler
 }
 
 var quietLogger = slog.New(slog.DiscardHandler)
@@ -114,6 +116,9 @@ func start(t testing.TB, s setup) *harness {
 	log := testLogger(t)
 	if s.quiet {
 		log = quietLogger
+	}
+	if s.logs != nil {
+		log = slog.New(teeHandler{log.Handler(), s.logs})
 	}
 	src := s.source
 	if src == nil {
@@ -474,6 +479,95 @@ func TestKubeletRestartSeenFromPodResources(t *testing.T) {
 	if got := readHeld(t, h); slices.Contains(got, rid(uuid0, 3)) {
 		t.Errorf("the released ID is still advertised past the grace: %v", got)
 	}
+}
+
+// A starting kubelet creates kubelet.sock a moment before it accepts
+// connections on it. The plugin, which reacts to the file at once, must
+// wait for it, not fail and retry a second later: on the real node that
+// retry came after the kubelet had re-admitted its pods, and a
+// crash-looping pod failed ("no healthy devices present").
+func TestRegistersWhenKubeletAcceptsLate(t *testing.T) {
+	rec := &records{}
+	h := start(t, setup{config: config(2), gpus: twoSpecs(), logs: rec})
+	registered := func(n int) func() bool {
+		return func() bool {
+			return len(rec.messages(slog.LevelInfo, "device plugin registered with the kubelet")) == n
+		}
+	}
+	// Registered, and the plugin's call returned: a kubelet stopped
+	// under it fails it (EOF), which is not what this test is about.
+	h.kubelet.waitFor("registration #1", registered(1))
+	h.kubelet.restartAcceptingLate(filepath.Join(h.kubelet.dir, SocketName(gpuRes)))
+	h.kubelet.waitFor("registration #2", registered(2))
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+	if m := rec.messages(slog.LevelWarn, ""); len(m) > 0 {
+		t.Errorf("registering again went through a failure: %q", m)
+	}
+}
+
+// records is a slog.Handler that keeps every record's level and message
+// with its attributes.
+type records struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec.Clone())
+	return nil
+}
+
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// messages are the records at level or above whose message starts with
+// prefix, each with its attributes.
+func (r *records) messages(level slog.Level, prefix string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, rec := range r.recs {
+		if rec.Level < level || !strings.HasPrefix(rec.Message, prefix) {
+			continue
+		}
+		msg := rec.Message
+		rec.Attrs(func(a slog.Attr) bool {
+			msg += " " + a.String()
+			return true
+		})
+		out = append(out, msg)
+	}
+	return out
+}
+
+// teeHandler sends each record to both handlers.
+type teeHandler struct{ a, b slog.Handler }
+
+func (t teeHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return t.a.Enabled(ctx, l) || t.b.Enabled(ctx, l)
+}
+
+func (t teeHandler) Handle(ctx context.Context, r slog.Record) error {
+	for _, h := range []slog.Handler{t.a, t.b} {
+		if h.Enabled(ctx, r.Level) {
+			if err := h.Handle(ctx, r.Clone()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (t teeHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return teeHandler{t.a.WithAttrs(as), t.b.WithAttrs(as)}
+}
+
+func (t teeHandler) WithGroup(g string) slog.Handler {
+	return teeHandler{t.a.WithGroup(g), t.b.WithGroup(g)}
 }
 
 func TestXidHealth(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -157,7 +158,18 @@ func (s *resourceServer) register(ctx context.Context) error {
 	if _, err := os.Stat(kubelet); err != nil {
 		return fmt.Errorf("kubelet socket: %w", err)
 	}
-	conn, err := grpc.NewClient("unix://"+kubelet, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// A starting kubelet creates kubelet.sock a moment before it accepts
+	// connections on it: on the real node (kubelet v1.37.1) the plugin,
+	// which reacts to the file within a millisecond, was refused, and its
+	// retry a second later came after the kubelet had re-admitted the pods
+	// (a crash-looping pod then failed: "no healthy devices present"). So
+	// the call waits for the kubelet to accept, redialing every few tens
+	// of milliseconds, within its deadline.
+	conn, err := grpc.NewClient("unix://"+kubelet, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}))
 	if err != nil {
 		return err
 	}
@@ -169,7 +181,7 @@ func (s *resourceServer) register(ctx context.Context) error {
 		Endpoint:     filepath.Base(s.socket),
 		ResourceName: s.name,
 		Options:      s.options(),
-	})
+	}, grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("registering with the kubelet at %s: %w", kubelet, err)
 	}
