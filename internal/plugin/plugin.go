@@ -43,10 +43,11 @@ type Lister interface {
 	List(ctx context.Context) ([]podresources.Allocation, error)
 }
 
-// instanceLister is a Lister that can tell which kubelet process serves it
-// (*podresources.Client can). A new one is a kubelet restart, seen from the
-// PodResources socket, which a starting kubelet serves before it creates
-// kubelet.sock again: answers from that moment on lack pods still running.
+// instanceLister is a Lister that can tell which socket file it is served
+// on (*podresources.Client can). A new one is a kubelet restart, seen from
+// the PodResources socket, which a starting kubelet may serve before it
+// creates kubelet.sock again: its answers may lack pods still running until
+// it has read its pods back.
 type instanceLister interface {
 	Lister
 	Instance() podresources.Instance
@@ -108,11 +109,13 @@ type Plugin struct {
 	// kubeletRestarted is when the kubelet was last seen starting again:
 	// kubelet.sock created, or a PodResources answer from a new socket.
 	kubeletRestarted time.Time
-	// podResourcesAt is the PodResources socket of the last answer.
-	podResourcesAt podresources.Instance
-	recent         map[held]time.Time
-	plan           plan
-	warned         map[string]bool
+	// podResourcesAt is the PodResources socket of the latest answer,
+	// asked at podResourcesAsked.
+	podResourcesAt    podresources.Instance
+	podResourcesAsked time.Time
+	recent            map[held]time.Time
+	plan              plan
+	warned            map[string]bool
 	// heldFailing is set while the PodResources API does not answer, so
 	// that an outage is logged once.
 	heldFailing atomic.Bool
@@ -309,6 +312,9 @@ type heldAnswer struct {
 	ids     []held
 	started time.Time
 	socket  podresources.Instance
+	// tells: the Lister tells sockets apart (socket unknown then means
+	// it was gone right after the answer).
+	tells bool
 }
 
 // listHeld reads the device IDs the kubelet has given out.
@@ -329,7 +335,7 @@ func (p *Plugin) listHeld() (heldAnswer, error) {
 	if il, ok := p.o.PodResources.(instanceLister); ok {
 		// Read after the answer: if the kubelet restarted at any moment
 		// since the last answer, the socket read now is new.
-		a.socket = il.Instance()
+		a.socket, a.tells = il.Instance(), true
 	}
 	if p.heldFailing.Swap(false) {
 		p.log.Info("reading the IDs in use from the kubelet again")
@@ -350,21 +356,28 @@ var errNoPodResources = errors.New("no PodResources API configured")
 // setHeldLocked records a PodResources answer. p.mu is held.
 func (p *Plugin) setHeldLocked(a heldAnswer) {
 	ids, started := a.ids, a.started
-	if a.socket.Known() {
+	if a.tells && !started.Before(p.podResourcesAsked) {
 		// A kubelet that starts again serves PodResources before it has
 		// read its pods from the API server, and can do so before it
 		// creates kubelet.sock: so this answer may be the first sign of
 		// the restart. (On the real node, kubelet v1.37.1, the plugin once
 		// registered again 6 ms after kubelet.sock appeared already
-		// without an ID still held, with no failed PodResources call
-		// logged: an answer of the new kubelet had come first.)
+		// without an ID still held, and no failed PodResources call was
+		// logged: most likely an answer of the new kubelet had come
+		// first.) A socket gone right after the answer is a kubelet going
+		// away or starting again too. An answer asked before the latest
+		// one applied (applyConfig and heldLoop both ask) says nothing
+		// newer about the socket.
 		if p.podResourcesAt.Known() && !a.socket.Same(p.podResourcesAt) {
-			p.log.Info("the kubelet's PodResources socket is new: the kubelet restarted; IDs in use are kept through the restart grace", "grace", p.o.RestartGrace)
+			p.log.Info("the kubelet's PodResources socket is new or gone: the kubelet restarted; IDs in use are kept through the restart grace", "grace", p.o.RestartGrace)
 			if started.After(p.kubeletRestarted) {
 				p.kubeletRestarted = started
 			}
 		}
-		p.podResourcesAt = a.socket
+		if a.socket.Known() {
+			p.podResourcesAt = a.socket
+		}
+		p.podResourcesAsked = started
 	}
 	if !p.kubeletRestarted.IsZero() && started.Sub(p.kubeletRestarted) < p.o.RestartGrace {
 		// The kubelet may not know every pod yet: keep what it said before.

@@ -624,3 +624,45 @@ gpuslice_plugin_unhealthy_gpus 0
 		t.Error(err)
 	}
 }
+
+// An answer asked before the latest one applied says nothing newer about the
+// kubelet's socket (applyConfig and the held loop both ask); a socket gone
+// right after an answer is a restart too.
+func TestHeldAnswersSocketOrder(t *testing.T) {
+	path := podresourcestest.SocketPath(t)
+	srv, err := podresourcestest.Start(t, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := podresources.NewClient(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	old := c.Instance()
+	time.Sleep(20 * time.Millisecond) // the new socket's time differs
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	cur := c.Instance()
+
+	p, err := New(Options{Backend: gputest.NewFake(), Source: &FileSource{Path: "unused"}, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.setHeldLocked(heldAnswer{started: t0, socket: cur, tells: true})
+	p.setHeldLocked(heldAnswer{started: t0.Add(-time.Second), socket: old, tells: true})
+	if !p.kubeletRestarted.IsZero() || !p.podResourcesAt.Same(cur) {
+		t.Fatalf("an older answer on the old socket counted: restarted %v, socket is the current one: %v", p.kubeletRestarted, p.podResourcesAt.Same(cur))
+	}
+	p.setHeldLocked(heldAnswer{started: t0.Add(time.Second), tells: true})
+	if !p.kubeletRestarted.Equal(t0.Add(time.Second)) {
+		t.Errorf("a socket gone after an answer is not a restart: restarted %v", p.kubeletRestarted)
+	}
+	if !p.podResourcesAt.Same(cur) {
+		t.Error("a gone socket replaced the last one known")
+	}
+}

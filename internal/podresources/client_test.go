@@ -391,7 +391,7 @@ func TestInstance(t *testing.T) {
 	if !first.Same(c.Instance()) {
 		t.Error("a call changed the Instance")
 	}
-	// Socket files' times have a clock tick's resolution at best; wait for
+	// Socket files' times may have only a clock tick's resolution; wait for
 	// the clock to move so that the test does not depend on the inode.
 	time.Sleep(20 * time.Millisecond)
 	if err := srv.Restart(); err != nil {
