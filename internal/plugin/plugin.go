@@ -369,7 +369,11 @@ func (p *Plugin) setHeldLocked(a heldAnswer) {
 		// one applied (applyConfig and heldLoop both ask) says nothing
 		// newer about the socket.
 		if p.podResourcesAt.Known() && !a.socket.Same(p.podResourcesAt) {
-			p.log.Info("the kubelet's PodResources socket is new or gone: the kubelet restarted; IDs in use are kept through the restart grace", "grace", p.o.RestartGrace)
+			what := "new"
+			if !a.socket.Known() {
+				what = "gone"
+			}
+			p.log.Info("the kubelet's PodResources socket is "+what+": the kubelet restarted; IDs in use are kept through the restart grace", "grace", p.o.RestartGrace)
 			if started.After(p.kubeletRestarted) {
 				p.kubeletRestarted = started
 			}

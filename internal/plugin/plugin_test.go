@@ -411,8 +411,7 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	h.kubelet.restart()
 	h.kubelet.waitFor("registration #2", func() bool { return h.kubelet.registrationCount(gpuRes) == 2 })
 	h.pods.SetPods(nil) // the restarted kubelet's first answers
-	readHeld := func() []string { return readHeld(t, h) }
-	if got := readHeld(); !slices.Contains(got, rid(uuid0, 3)) {
+	if got := readHeld(t, h); !slices.Contains(got, rid(uuid0, 3)) {
 		t.Fatalf("the held ID was dropped after the kubelet restart: %v", got)
 	}
 	h.kubelet.waitList(gpuRes, draining)
@@ -421,7 +420,7 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	h.plugin.mu.Lock()
 	h.plugin.kubeletRestarted = time.Now().Add(-h.plugin.o.RestartGrace)
 	h.plugin.mu.Unlock()
-	if got := readHeld(); slices.Contains(got, rid(uuid0, 3)) {
+	if got := readHeld(t, h); slices.Contains(got, rid(uuid0, 3)) {
 		t.Errorf("the released ID is still advertised past the grace: %v", got)
 	}
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))

@@ -175,9 +175,9 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	//     pods back; the plugin registered late when the kubelet refused its
 	//     first dial (kubelet.sock created, not yet accepting) and it
 	//     retried a second later (seen in the logs of one run of 15); it
-	//     now waits for the kubelet to accept, checked below. A kubelet that re-admits before
-	//     its own registration server is up is a race no plugin can close:
-	//     logged, not failed.
+	//     now waits for the kubelet to accept, checked below. A kubelet
+	//     that re-admits before its own registration server is up is a race
+	//     no plugin can close: logged, not failed.
 	restarts := func(p *corev1.Pod) int32 {
 		if len(p.Status.ContainerStatuses) == 0 {
 			return -1 // right after the restart, statuses are being rebuilt
