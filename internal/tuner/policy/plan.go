@@ -178,11 +178,10 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 			// such pods add up as variances. At the largest, a job of a
 			// workload of 3-11.5 GiB pods, at 5.2 GiB eight minutes in,
 			// was reserved at 11.5 GiB while an hourly burst waited
-			// (held-out seed 63; its verdict is not changed by this
-			// alone). Measured on the generated seeds, no
-			// verdict changes, pending time falls on 1-60 and 61-120
-			// (seed 16: 68,344 to 50,903 pod-seconds) and held-out seed
-			// 91 OOMs 7 times, not 9.
+			// (held-out seed 63, whose verdict this alone does not
+			// change). On the generated seeds no verdict changes, pending
+			// time falls on 1-60 and on 61-120 (seed 16: 68,344 to 50,903
+			// pod-seconds) and held-out seed 91 OOMs 7 times, not 9.
 			return item{mean: max(float64(r), t.mean), sd: t.sd}
 		}
 		r = max(r, w.PeakBy(age+horizon))
