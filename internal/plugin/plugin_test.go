@@ -417,10 +417,7 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	h.kubelet.waitList(gpuRes, draining)
 
 	// Past the grace, the kubelet's word that it is free counts.
-	h.plugin.mu.Lock()
-	h.plugin.kubeletRestarted = time.Now().Add(-h.plugin.o.RestartGrace)
-	h.plugin.mu.Unlock()
-	if got := readHeld(t, h); slices.Contains(got, rid(uuid0, 3)) {
+	if got := readHeldPastGrace(t, h); slices.Contains(got, rid(uuid0, 3)) {
 		t.Errorf("the released ID is still advertised past the grace: %v", got)
 	}
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
@@ -443,6 +440,15 @@ func readHeld(t *testing.T, h *harness) []string {
 		out = append(out, d.ID)
 	}
 	return out
+}
+
+// readHeldPastGrace is readHeld once the restart grace has run out.
+func readHeldPastGrace(t *testing.T, h *harness) []string {
+	t.Helper()
+	h.plugin.mu.Lock()
+	h.plugin.kubeletRestarted = time.Now().Add(-h.plugin.o.RestartGrace)
+	h.plugin.mu.Unlock()
+	return readHeld(t, h)
 }
 
 // A restarting kubelet serves PodResources, with no pods yet, before it
@@ -472,10 +478,7 @@ func TestKubeletRestartSeenFromPodResources(t *testing.T) {
 	h.kubelet.waitList(gpuRes, draining)
 
 	// The same kubelet's later empty answer, past the grace, frees it.
-	h.plugin.mu.Lock()
-	h.plugin.kubeletRestarted = time.Now().Add(-h.plugin.o.RestartGrace)
-	h.plugin.mu.Unlock()
-	if got := readHeld(t, h); slices.Contains(got, rid(uuid0, 3)) {
+	if got := readHeldPastGrace(t, h); slices.Contains(got, rid(uuid0, 3)) {
 		t.Errorf("the released ID is still advertised past the grace: %v", got)
 	}
 }

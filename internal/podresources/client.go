@@ -264,7 +264,7 @@ func (c *Client) call(ctx context.Context, method string, rpc func(context.Conte
 	return fmt.Errorf("podresources %s: %s: %w", method, c.path, err)
 }
 
-// Instance tells one kubelet process's socket from the next one's. A kubelet
+// Instance tells one PodResources socket file from the next. A kubelet
 // creates its PodResources socket anew each time it starts, and answers on
 // it before it has rebuilt its pod list from the API server; a client that
 // sees the Instance change knows that answers may be missing pods that are
