@@ -345,13 +345,9 @@ func computeApps() ([]computeApp, error) {
 func waitApps(ctx context.Context, pids []int, d time.Duration) (map[int]computeApp, error) {
 	deadline := time.Now().Add(d)
 	for {
-		apps, err := computeApps()
+		byPID, err := computeAppsByPID()
 		if err != nil {
 			return nil, err
-		}
-		byPID := map[int]computeApp{}
-		for _, a := range apps {
-			byPID[a.PID] = a
 		}
 		missing := 0
 		for _, p := range pids {
@@ -389,16 +385,24 @@ func (e *env) checkMemory(ctx context.Context) []row {
 			return []row{{"memory per container", fail, err.Error()}}
 		}
 	}
-	apps, err := waitApps(ctx, []int{a.pid(), b.pid(), host.Process.Pid}, 120*time.Second)
-	if err != nil {
+	pids := []int{a.pid(), b.pid(), host.Process.Pid}
+	if _, err := waitApps(ctx, pids, 120*time.Second); err != nil {
 		return []row{{"memory per container", fail, err.Error()}}
 	}
-	var m map[string][]series
-	for range 2 { // the first scrape may predate the pods' listing
-		time.Sleep(2 * time.Second)
-		if m, err = e.scrape("memory"); err != nil {
+	// A process is on NVML's list once its CUDA context exists, before
+	// its tensor and the kernels that fill it are loaded (CUDA loads
+	// modules lazily: one H200 run read 92 MiB more at the scrape than
+	// nvidia-smi had a second before). So wait for the pods to say they
+	// hold their memory, then compare the scrape with nvidia-smi read on
+	// both sides of it, and only when the two reads agree.
+	for _, p := range []*pod{a, b} {
+		if err := waitLog(ctx, p.logFile, "holding", 120*time.Second); err != nil {
 			return []row{{"memory per container", fail, err.Error()}}
 		}
+	}
+	m, apps, err := e.scrapeSettled(ctx, "memory", pids)
+	if err != nil {
+		return []row{{"memory per container", fail, err.Error()}}
 	}
 	const mib = 1 << 20
 	var details []string
@@ -419,6 +423,74 @@ func (e *env) checkMemory(ctx context.Context) []row {
 		hostRow.Status = fail
 	}
 	return []row{memRow, hostRow}
+}
+
+// scrapeSettled scrapes the exporter between two readings of nvidia-smi
+// and returns the scrape with the readings, once the two agree on every
+// pid's memory: a reading that moved during the scrape says nothing about
+// what the scrape should have seen. The first scrape of a test may also
+// predate the pods' listing, so it is never the one compared.
+func (e *env) scrapeSettled(ctx context.Context, label string, pids []int) (map[string][]series, map[int]computeApp, error) {
+	if _, err := e.scrape(label); err != nil {
+		return nil, nil, err
+	}
+	var moved []string
+	for range 5 {
+		time.Sleep(2 * time.Second)
+		before, err := appsByPID(pids)
+		if err != nil {
+			return nil, nil, err
+		}
+		m, err := e.scrape(label)
+		if err != nil {
+			return nil, nil, err
+		}
+		after, err := appsByPID(pids)
+		if err != nil {
+			return nil, nil, err
+		}
+		moved = moved[:0]
+		for _, p := range pids {
+			if before[p].UsedMiB != after[p].UsedMiB {
+				moved = append(moved, fmt.Sprintf("pid %d %d→%d MiB", p, before[p].UsedMiB, after[p].UsedMiB))
+			}
+		}
+		if len(moved) == 0 {
+			return m, after, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+	}
+	return nil, nil, fmt.Errorf("nvidia-smi's memory still moving across five scrapes: %s", strings.Join(moved, ", "))
+}
+
+// computeAppsByPID is nvidia-smi's compute apps by pid.
+func computeAppsByPID() (map[int]computeApp, error) {
+	apps, err := computeApps()
+	if err != nil {
+		return nil, err
+	}
+	by := map[int]computeApp{}
+	for _, a := range apps {
+		by[a.PID] = a
+	}
+	return by, nil
+}
+
+// appsByPID is nvidia-smi's compute apps by pid; a pid not listed is an
+// error, since every pid asked for was listed before.
+func appsByPID(pids []int) (map[int]computeApp, error) {
+	by, err := computeAppsByPID()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pids {
+		if _, ok := by[p]; !ok {
+			return nil, fmt.Errorf("pid %d no longer in nvidia-smi's compute apps", p)
+		}
+	}
+	return by, nil
 }
 
 // checkShares runs k busy pods and compares each container's SM share
