@@ -89,7 +89,7 @@ var (
 	missEvictRow     = missKind{"missEvictRow", "with eviction on, a container OOMed more than twice in a row", true}
 	missRound        = missKind{"missRound", "a round's wait: no spare was backed where the count had a free replica", false}
 	missLearning     = missKind{"missLearning", "learning: a burst of workloads never seen waits for its first pods to show their size", false}
-	missStranger     = missKind{"missStranger", "a stranger priced at the largest pod running: it was smaller", false}
+	missStranger     = missKind{"missStranger", "strangers (workloads of one pod) carry most of the extra wait: priced from the node's sizes, they took less", false}
 	missCrashLoop    = missKind{"missCrashLoop", "the operator's count crash-loops before any evidence, as static does, and waits more after", false}
 	missWait         = missKind{"missWait", "waits more: the count stayed below what known workloads needed", false}
 )
