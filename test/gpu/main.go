@@ -389,12 +389,14 @@ func (e *env) checkMemory(ctx context.Context) []row {
 	if _, err := waitApps(ctx, pids, 120*time.Second); err != nil {
 		return []row{{"memory per container", fail, err.Error()}}
 	}
-	// A process is on NVML's list once its CUDA context exists, before
-	// its tensor and the kernels that fill it are loaded (CUDA loads
-	// modules lazily: one H200 run read 92 MiB more at the scrape than
-	// nvidia-smi had a second before). So wait for the pods to say they
-	// hold their memory, then compare the scrape with nvidia-smi read on
-	// both sides of it, and only when the two reads agree.
+	// A process is on NVML's list once its CUDA context exists, before it
+	// holds all it will: one H200 run read 2566 MiB from nvidia-smi as
+	// the PID appeared and 2658 MiB at the scrape seconds later, the
+	// figure of every other run (the tensor and the kernel that fills it
+	// come after the context; CUDA loads modules lazily by default). So
+	// wait for the pods to say they hold their memory, then compare the
+	// scrape with nvidia-smi read on both sides of it, and only when the
+	// two reads agree.
 	for _, p := range []*pod{a, b} {
 		if err := waitLog(ctx, p.logFile, "holding", 120*time.Second); err != nil {
 			return []row{{"memory per container", fail, err.Error()}}
