@@ -342,12 +342,12 @@ func computeApps() ([]computeApp, error) {
 }
 
 // waitApps waits until NVML lists every pid.
-func waitApps(ctx context.Context, pids []int, d time.Duration) (map[int]computeApp, error) {
+func waitApps(ctx context.Context, pids []int, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
 		byPID, err := computeAppsByPID()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		missing := 0
 		for _, p := range pids {
@@ -356,10 +356,10 @@ func waitApps(ctx context.Context, pids []int, d time.Duration) (map[int]compute
 			}
 		}
 		if missing == 0 {
-			return byPID, nil
+			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, fmt.Errorf("%d of %d processes not on the GPU after %s", missing, len(pids), d)
+			return fmt.Errorf("%d of %d processes not on the GPU after %s", missing, len(pids), d)
 		}
 		time.Sleep(time.Second)
 	}
@@ -386,7 +386,7 @@ func (e *env) checkMemory(ctx context.Context) []row {
 		}
 	}
 	pids := []int{a.pid(), b.pid(), host.Process.Pid}
-	if _, err := waitApps(ctx, pids, 120*time.Second); err != nil {
+	if err := waitApps(ctx, pids, 120*time.Second); err != nil {
 		return []row{{"memory per container", fail, err.Error()}}
 	}
 	// A process is on NVML's list once its CUDA context exists, before it
@@ -509,7 +509,7 @@ func (e *env) checkShares(ctx context.Context, k int) row {
 		}
 		pods, pids = append(pods, p), append(pids, p.pid())
 	}
-	if _, err := waitApps(ctx, pids, 120*time.Second); err != nil {
+	if err := waitApps(ctx, pids, 120*time.Second); err != nil {
 		return row{name, fail, err.Error()}
 	}
 	time.Sleep(6 * time.Second) // past the start-up, into the loop
@@ -835,7 +835,7 @@ func (e *env) checkCost(ctx context.Context) []row {
 			pids = append(pids, p.pid())
 		}
 	}
-	if _, err := waitApps(ctx, pids, 300*time.Second); err != nil {
+	if err := waitApps(ctx, pids, 300*time.Second); err != nil {
 		return []row{{name, fail, err.Error()}}
 	}
 	time.Sleep(3 * time.Second)

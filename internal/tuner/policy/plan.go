@@ -171,7 +171,7 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 		// job of a burst at its largest sibling's size for its whole life
 		// costs the burst (night burst: 124,576 pod-s pending, 115,842 for
 		// static:5).
-		if t := v.typical(w); w.Known(v.cfg) && w.Pods >= 2 {
+		if w.Known(v.cfg) && w.Pods >= 2 {
 			// Its pods' sizes differ, measurably: until it has shown its
 			// own, it is one more draw of them (their mean, uncertain by
 			// their spread), not their largest, and the errors of a few
@@ -182,6 +182,7 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 			// change). On the generated seeds no verdict changes, pending
 			// time falls on 1-60 and on 61-120 (seed 16: 68,344 to 50,903
 			// pod-seconds) and held-out seed 91 OOMs 7 times, not 9.
+			t := v.typical(w)
 			return item{mean: max(float64(r), t.mean), sd: t.sd}
 		}
 		r = max(r, w.PeakBy(age+horizon))
