@@ -13,6 +13,7 @@ package plugin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,6 +83,20 @@ type Options struct {
 	// it has rebuilt its pod list: an ID dropped then would stop being
 	// advertised, and the pod holding it would fail re-admission.
 	RestartGrace time.Duration
+	// RetireAfter is how long an ID dropped from a resource's list (a
+	// lowered count, a released ID above it, a renamed resource) stays
+	// listed as unhealthy before it goes (default 1 min). The kubelet
+	// picks a free healthy ID and calls Allocate without its lock held;
+	// when Allocate returns it reads the ID's entry in its device map, and
+	// kubelet v1.37.1 dereferences that entry unchecked
+	// (devicemanager/manager.go:945): an ID gone from the list between the
+	// pick and the return crashes the kubelet. Seen on the real node: with
+	// the count lowered 6 → 2 and three IDs held, a pod ended, the
+	// scheduler placed a waiting pod at once, and the list that dropped
+	// the ended pod's ID reached the kubelet during that pod's Allocate: a
+	// nil pointer panic there. An unhealthy ID stays in that map, and the
+	// kubelet picks only healthy ones.
+	RetireAfter time.Duration
 	// MPSRoot is the host directory of the MPS control daemons (NVIDIA's
 	// layout, mps.go), seen at the same path by this process; empty
 	// refuses configs with sharing.mps, as NVIDIA's plugin refuses MPS
@@ -114,8 +129,12 @@ type Plugin struct {
 	podResourcesAt    podresources.Instance
 	podResourcesAsked time.Time
 	recent            map[held]time.Time
-	plan              plan
-	warned            map[string]bool
+	// retiring holds the IDs dropped from a list, by resource, with when
+	// they were dropped: listed as unhealthy until RetireAfter has passed
+	// with no Allocate in flight (Options.RetireAfter says why).
+	retiring map[held]time.Time
+	plan     plan
+	warned   map[string]bool
 	// heldFailing is set while the PodResources API does not answer, so
 	// that an outage is logged once.
 	heldFailing atomic.Bool
@@ -166,6 +185,9 @@ func New(o Options) (*Plugin, error) {
 	if o.HeldInterval <= 0 {
 		o.HeldInterval = 10 * time.Second
 	}
+	if o.RetireAfter <= 0 {
+		o.RetireAfter = time.Minute
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -174,11 +196,12 @@ func New(o Options) (*Plugin, error) {
 	}
 	p := &Plugin{
 		o: o, log: o.Logger,
-		health:  newHealthTracker(o.RecoveryInterval, o.Logger),
-		recent:  map[held]time.Time{},
-		warned:  map[string]bool{},
-		servers: map[string]*resourceServer{},
-		changed: make(chan struct{}),
+		health:   newHealthTracker(o.RecoveryInterval, o.Logger),
+		recent:   map[held]time.Time{},
+		retiring: map[held]time.Time{},
+		warned:   map[string]bool{},
+		servers:  map[string]*resourceServer{},
+		changed:  make(chan struct{}),
 
 		mpsDown:  map[string]error{},
 		mpsGiven: map[held]uint64{},
@@ -420,11 +443,11 @@ func (p *Plugin) heldLoop(ctx context.Context) {
 		if err == nil {
 			heldChanged, nRecent := !slices.Equal(a.ids, p.held), len(p.recent)
 			p.setHeldLocked(a)
-			if heldChanged || len(p.recent) != nRecent {
+			if heldChanged || len(p.recent) != nRecent || len(p.retiring) > 0 {
 				p.recomputeLocked()
 			}
-		} else if len(p.recent) > 0 {
-			p.recomputeLocked() // expires old records
+		} else if len(p.recent) > 0 || len(p.retiring) > 0 {
+			p.recomputeLocked() // expires old records and retired IDs
 		}
 		p.mu.Unlock()
 	}
@@ -492,16 +515,57 @@ func (p *Plugin) recomputeLocked() {
 			p.log.Warn("device-plugin config", "warning", w)
 		}
 	}
+	lists := make(map[string][]*pluginapi.Device, len(p.plan.Resources))
 	for name, devs := range p.plan.Resources {
-		p.serverLocked(name, apiDevices(devs))
+		lists[name] = apiDevices(devs)
+	}
+	p.retireLocked(now, lists)
+	for name, devs := range lists {
+		p.serverLocked(name, devs)
 	}
 	for name, s := range p.servers {
-		if _, ok := p.plan.Resources[name]; !ok {
+		if _, ok := lists[name]; !ok {
 			s.setDevices(nil)
 		}
 	}
 	close(p.changed)
 	p.changed = make(chan struct{})
+}
+
+// retireLocked adds to the new lists, as unhealthy, the IDs the kubelet was
+// last sent that they drop, until RetireAfter has passed since they were
+// dropped and no Allocate of their resource is in flight
+// (Options.RetireAfter says why). An ID listed again stops retiring. p.mu is
+// held.
+func (p *Plugin) retireLocked(now time.Time, lists map[string][]*pluginapi.Device) {
+	listed := func(h held) bool {
+		return slices.ContainsFunc(lists[h.Resource], func(d *pluginapi.Device) bool { return d.ID == h.ID })
+	}
+	for name, s := range p.servers {
+		sent, _ := s.current()
+		for _, d := range sent {
+			h := held{ID: d.ID, Resource: name}
+			if _, ok := p.retiring[h]; !ok && !listed(h) {
+				p.retiring[h] = now
+			}
+		}
+	}
+	var keep []held
+	for h, since := range p.retiring {
+		s := p.servers[h.Resource]
+		switch {
+		case listed(h):
+			delete(p.retiring, h)
+		case now.Sub(since) >= p.o.RetireAfter && (s == nil || s.allocating.Load() == 0):
+			delete(p.retiring, h)
+		default:
+			keep = append(keep, h)
+		}
+	}
+	slices.SortFunc(keep, func(a, b held) int { return cmp.Or(cmp.Compare(a.Resource, b.Resource), cmp.Compare(a.ID, b.ID)) })
+	for _, h := range keep {
+		lists[h.Resource] = append(lists[h.Resource], &pluginapi.Device{ID: h.ID, Health: pluginapi.Unhealthy})
+	}
 }
 
 // serverLocked gives a resource's server its devices, starting the server

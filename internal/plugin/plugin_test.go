@@ -83,6 +83,9 @@ type setup struct {
 	quiet      bool   // no logs (benchmarks)
 	// logs, when set, also receives every record logged.
 	logs slog.Handler
+	// retire is Options.RetireAfter; default 1 ms, so that a dropped ID
+	// leaves the list at the next held read and tests see the final list.
+	retire time.Duration
 }
 
 var quietLogger = slog.New(slog.DiscardHandler)
@@ -124,8 +127,12 @@ func start(t testing.TB, s setup) *harness {
 	if src == nil {
 		src = &FileSource{Path: h.cfgPath, Logger: log}
 	}
+	retire := s.retire
+	if retire == 0 {
+		retire = time.Millisecond
+	}
 	p, err := New(Options{
-		Backend: h.gpus, Source: src, PodResources: lister,
+		Backend: h.gpus, Source: src, PodResources: lister, RetireAfter: retire,
 		DevicePluginDir: dir, Policy: s.policy, Guardrails: s.guardrails, MPSRoot: s.mpsRoot,
 		HealthInterval: 10 * time.Millisecond, HeldInterval: 20 * time.Millisecond, RecoveryInterval: time.Minute,
 		Registerer: h.reg, Logger: log, Now: h.clock.Now,
@@ -666,5 +673,63 @@ func TestHeldAnswersSocketOrder(t *testing.T) {
 	}
 	if !p.podResourcesAt.Same(cur) {
 		t.Error("a gone socket replaced the last one known")
+	}
+}
+
+// An ID dropped from a list is first listed as unhealthy, and goes only
+// after Options.RetireAfter with no Allocate in flight: kubelet v1.37.1
+// crashes when an ID it is allocating vanishes from the list (RetireAfter's
+// comment). Whatever the timing, no list may lack an ID the list before it
+// had as healthy.
+func TestDroppedIDsRetireAsUnhealthy(t *testing.T) {
+	h := start(t, setup{config: config(4), gpus: twoSpecs(), pods: true, retire: 300 * time.Millisecond})
+	e := h.kubelet.endpoint(gpuRes)
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 4), ids(uuid1, 0, 4)))
+	h.pods.SetPods([]podresources.Allocation{
+		{Namespace: "ml", Pod: "train", Container: "main", Resource: gpuRes, DeviceIDs: []string{rid(uuid0, 3)}},
+	})
+	h.writeConfig(config(2))
+	h.kubelet.waitList(gpuRes, want(rid(uuid0, 0), rid(uuid0, 3), ids(uuid1, 0, 2)))
+	// The pod above the count ends: its ID retires too.
+	h.pods.SetPods(nil)
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+
+	// With an Allocate in flight nothing retired goes, however long ago.
+	h.plugin.mu.Lock()
+	s := h.plugin.servers[gpuRes]
+	h.plugin.mu.Unlock()
+	s.allocating.Add(1)
+	h.writeConfig(config(1))
+	retiring := want(uuid0, uuid1, rid(uuid0, 0)+"! "+rid(uuid0, 1)+"! "+rid(uuid1, 0)+"! "+rid(uuid1, 1)+"!")
+	h.kubelet.waitList(gpuRes, retiring)
+	time.Sleep(1 * time.Second) // over three RetireAfters, 50 held reads
+	if got := h.kubelet.latest(gpuRes); got != retiring {
+		t.Errorf("with an Allocate in flight the list became %q, want %q", got, retiring)
+	}
+	s.allocating.Add(-1)
+	h.kubelet.waitList(gpuRes, want(uuid0, uuid1))
+
+	e.mu.Lock()
+	lists := slices.Clone(e.lists)
+	e.mu.Unlock()
+	sawRetiring := map[string]bool{}
+	for i := 1; i < len(lists); i++ {
+		now := map[string]bool{}
+		for _, d := range lists[i] {
+			now[d.ID] = true
+			if d.Health != pluginapi.Healthy {
+				sawRetiring[d.ID] = true
+			}
+		}
+		for _, d := range lists[i-1] {
+			if d.Health == pluginapi.Healthy && !now[d.ID] {
+				t.Errorf("list %d dropped %s, healthy in list %d: %s → %s", i, d.ID, i-1, render(lists[i-1]), render(lists[i]))
+			}
+		}
+	}
+	for _, id := range []string{rid(uuid0, 1), rid(uuid0, 2), rid(uuid0, 3), rid(uuid1, 2), rid(uuid1, 3), rid(uuid1, 0)} {
+		if !sawRetiring[id] {
+			t.Errorf("%s was never listed as unhealthy before it went", id)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -30,6 +31,9 @@ type resourceServer struct {
 	name   string
 	socket string
 	kick   chan struct{} // the kubelet restarted: serve and register again
+	// allocating counts the Allocate calls in flight: an ID the kubelet
+	// may be allocating stays in the list (Options.RetireAfter).
+	allocating atomic.Int32
 
 	mu      sync.Mutex
 	devices []*pluginapi.Device
@@ -261,6 +265,8 @@ func (s *resourceServer) GetPreferredAllocation(_ context.Context, req *pluginap
 
 // Allocate implements pluginapi.DevicePluginServer.
 func (s *resourceServer) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	s.allocating.Add(1)
+	defer s.allocating.Add(-1)
 	p := s.p
 	p.mu.Lock()
 	pl := p.plan

@@ -97,7 +97,15 @@ func TestPluginOnRealKubelet(t *testing.T) {
 			t.Fatalf("lowering stopped %s: %s (%s)", name, p.Status.Phase, podWhy(p))
 		}
 	}
-	t.Logf("after lowering 6→2 with 3 held: allocatable %d", allocatable(t, gpuRes))
+	// The three IDs dropped stay listed as unhealthy for a minute: the
+	// kubelet counts them in capacity, not in allocatable. A kubelet that
+	// is allocating one of them when the list changes then still finds
+	// it (kubelet v1.37.1 crashed on one that had vanished).
+	alloc, capa := nodeDevices(t, gpuRes)
+	t.Logf("after lowering 6→2 with 3 held: allocatable %d, capacity %d", alloc, capa)
+	if alloc != 3 || capa != 6 {
+		t.Errorf("after lowering 6→2 with 3 held: allocatable %d, capacity %d; want 3 (the IDs held) and 6 (with the 3 dropped ones listed unhealthy)", alloc, capa)
+	}
 	e := createPod(t, fakeCUDAPod("plugin-e", podOpts{args: []string{"-memory", "0s=1Gi"}}))
 	time.Sleep(5 * time.Second)
 	if p := getPod(t, e.Name); p.Status.Phase == corev1.PodRunning {

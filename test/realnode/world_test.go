@@ -242,12 +242,20 @@ func podWhy(p *corev1.Pod) string {
 // kubelet last reported it in Node.status.
 func allocatable(t *testing.T, res corev1.ResourceName) int64 {
 	t.Helper()
+	a, _ := nodeDevices(t, res)
+	return a
+}
+
+// nodeDevices reads res from the Node's status: allocatable (the healthy
+// devices) and capacity (healthy and unhealthy).
+func nodeDevices(t *testing.T, res corev1.ResourceName) (allocatable, capacity int64) {
+	t.Helper()
 	node, err := world.node.Client.CoreV1().Nodes().Get(context.Background(), world.node.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := node.Status.Allocatable[res]
-	return q.Value()
+	a, c := node.Status.Allocatable[res], node.Status.Capacity[res]
+	return a.Value(), c.Value()
 }
 
 func waitAllocatable(t *testing.T, res corev1.ResourceName, want int64, timeout time.Duration) time.Duration {
