@@ -14,6 +14,7 @@ var (
 	replayTo    = flag.Duration("replay-to", 0, "the last instant -replay prints (0: the trace's end)")
 	replayVs    = flag.Int("replay-vs", 0, "with -replay, compare each pod's wait with static:N's")
 	replayPods  = flag.Bool("replay-pods", false, "with -replay, list the containers of each sample printed")
+	replayMode  = flag.String("replay-mode", policy.ModeInstant, "with -replay, the apply mode replayed (the criterion's default instant; simulate's plugin)")
 )
 
 // tracer is the tuner, printing what it saw and decided.
@@ -62,7 +63,14 @@ func TestReplay(t *testing.T) {
 	if *replayTo == 0 {
 		*replayTo = tr.Duration
 	}
-	r := mustRun(t, tr, tracer{Tuner{policy.DefaultConfig()}})
+	apply, err := policy.ApplyCostOf(*replayMode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := RunWith(tr, tracer{Tuner{policy.DefaultConfig()}}, Options{Apply: apply})
+	if err != nil {
+		t.Fatal(err)
+	}
 	fmt.Printf("tuner: %d OOM events (%d after a raise), %.0f pod-s pending, %d never started, %d changes\n",
 		r.OOMEvents, r.RaiseOOMEvents, r.PodSecondsPending, r.PodsNeverStarted, r.ReplicaChanges)
 	if *replayVs > 0 {
