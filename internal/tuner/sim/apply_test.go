@@ -133,3 +133,36 @@ func TestApplyBlackout(t *testing.T) {
 
 // near compares sums of seconds, which float addition may round.
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
+
+// TestWarmupCoversTheFirstChangesLatency: the pending time left out of the
+// criterion's comparison (PodSecondsPendingWarmup) is the first window and
+// the mode's latency after it, in which no change of the tuner could have
+// taken effect. Pod b cannot start beside a (20 of 24 GiB) until a ends
+// after an hour, so its warmup is exactly that span.
+func TestWarmupCoversTheFirstChangesLatency(t *testing.T) {
+	tr := mustParse(t, `
+gpu: {memoryTotalBytes: 25769803776}
+initialReplicas: 1
+duration: 2h
+pods:
+  - {name: a, arrive: 0s, run: 1h, memory: [[0s, 21474836480]]}
+  - {name: b, arrive: 0s, run: 30m, memory: [[0s, 8589934592]]}
+`)
+	cfg := policy.DefaultConfig()
+	for _, mode := range applyModes {
+		cost, err := policy.ApplyCostOf(mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := RunWith(tr, Tuner{Config: cfg}, Options{Apply: cost})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.PodSecondsPending < time.Hour.Seconds() {
+			t.Fatalf("%s: b waited %.0f s, want the hour a runs (the test needs a wait past the warmup)", mode, got.PodSecondsPending)
+		}
+		if want := (cfg.Window + cost.Latency).Seconds(); got.PodSecondsPendingWarmup != want {
+			t.Errorf("%s: %.0f pod-s of warmup, want %.0f (a window and the latency)", mode, got.PodSecondsPendingWarmup, want)
+		}
+	}
+}

@@ -134,8 +134,9 @@ type Result struct {
 	// still waiting at the end up to the end.
 	PodSecondsPending float64 `json:"podSecondsPending"`
 	// PodSecondsPendingWarmup is the part of PodSecondsPending before the
-	// policy's first full History window: time in which it has, by design,
-	// not watched long enough to act.
+	// policy's first full History window and its apply mode's latency
+	// after it: time in which it has, by design, not watched long enough
+	// to act, or its first act has not taken effect yet.
 	PodSecondsPendingWarmup float64 `json:"podSecondsPendingWarmup"`
 	// PodSecondsRunning is time pods held a replica, OOM restarts included.
 	PodSecondsRunning float64 `json:"podSecondsRunning"`
@@ -558,7 +559,7 @@ func (r *replay) admit(t time.Duration) {
 // beforeWarm is the part of [from, to) before the policy's first full
 // History window.
 func (r *replay) beforeWarm(from, to time.Duration) time.Duration {
-	h := r.pol.History()
+	h := r.pol.History() + r.opt.Apply.Latency
 	return min(to, h) - min(from, h)
 }
 
