@@ -94,8 +94,10 @@ type Options struct {
 	// the count lowered 6 → 2 and three IDs held, a pod ended, the
 	// scheduler placed a waiting pod at once, and the list that dropped
 	// the ended pod's ID reached the kubelet during that pod's Allocate: a
-	// nil pointer panic there. An unhealthy ID stays in that map, and the
-	// kubelet picks only healthy ones.
+	// nil pointer panic there (test/realnode's
+	// TestAllocateRaceOnRealKubelet reproduces it, and shows an ID marked
+	// unhealthy instead is safe). An unhealthy ID stays in that map, and
+	// the kubelet picks only healthy ones.
 	RetireAfter time.Duration
 	// MPSRoot is the host directory of the MPS control daemons (NVIDIA's
 	// layout, mps.go), seen at the same path by this process; empty
