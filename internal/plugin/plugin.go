@@ -540,14 +540,17 @@ func (p *Plugin) recomputeLocked() {
 // (Options.RetireAfter says why). An ID listed again stops retiring. p.mu is
 // held.
 func (p *Plugin) retireLocked(now time.Time, lists map[string][]*pluginapi.Device) {
-	listed := func(h held) bool {
-		return slices.ContainsFunc(lists[h.Resource], func(d *pluginapi.Device) bool { return d.ID == h.ID })
+	inList := map[held]bool{}
+	for name, devs := range lists {
+		for _, d := range devs {
+			inList[held{ID: d.ID, Resource: name}] = true
+		}
 	}
 	for name, s := range p.servers {
 		sent, _ := s.current()
 		for _, d := range sent {
 			h := held{ID: d.ID, Resource: name}
-			if _, ok := p.retiring[h]; !ok && !listed(h) {
+			if _, ok := p.retiring[h]; !ok && !inList[h] {
 				p.retiring[h] = now
 			}
 		}
@@ -556,7 +559,7 @@ func (p *Plugin) retireLocked(now time.Time, lists map[string][]*pluginapi.Devic
 	for h, since := range p.retiring {
 		s := p.servers[h.Resource]
 		switch {
-		case listed(h):
+		case inList[h]:
 			delete(p.retiring, h)
 		case now.Sub(since) >= p.o.RetireAfter && (s == nil || s.allocating.Load() == 0):
 			delete(p.retiring, h)

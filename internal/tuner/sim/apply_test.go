@@ -154,10 +154,7 @@ pods:
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := RunWith(tr, Tuner{Config: cfg}, Options{Apply: cost})
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := mustRunIn(t, tr, Tuner{Config: cfg}, mode)
 		if got.PodSecondsPending < time.Hour.Seconds() {
 			t.Fatalf("%s: b waited %.0f s, want the hour a runs (the test needs a wait past the warmup)", mode, got.PodSecondsPending)
 		}

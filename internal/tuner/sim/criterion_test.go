@@ -131,21 +131,9 @@ const maxInARow = 2
 func judge(t *testing.T, tr *Trace) verdict {
 	t.Helper()
 	cfg := policy.DefaultConfig()
-	apply, err := policy.ApplyCostOf(*criterionMode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func(p Policy) *Result {
-		t.Helper()
-		r, err := RunWith(tr, p, Options{Apply: apply})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	v := verdict{tuner: run(Tuner{Config: cfg}), dominating: map[int]bool{}}
+	v := verdict{tuner: mustRunIn(t, tr, Tuner{Config: cfg}, *criterionMode), dominating: map[int]bool{}}
 	cfg.EvictCrashLoops = true
-	v.evict = run(Tuner{Config: cfg})
+	v.evict = mustRunIn(t, tr, Tuner{Config: cfg}, *criterionMode)
 	for n := 1; n <= 16; n++ {
 		v.static[n] = mustRun(t, tr, Static{Replicas: n})
 	}

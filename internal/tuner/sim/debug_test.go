@@ -63,14 +63,7 @@ func TestReplay(t *testing.T) {
 	if *replayTo == 0 {
 		*replayTo = tr.Duration
 	}
-	apply, err := policy.ApplyCostOf(*replayMode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := RunWith(tr, tracer{Tuner{policy.DefaultConfig()}}, Options{Apply: apply})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := mustRunIn(t, tr, tracer{Tuner{policy.DefaultConfig()}}, *replayMode)
 	fmt.Printf("tuner: %d OOM events (%d after a raise), %.0f pod-s pending, %d never started, %d changes\n",
 		r.OOMEvents, r.RaiseOOMEvents, r.PodSecondsPending, r.PodsNeverStarted, r.ReplicaChanges)
 	if *replayVs > 0 {

@@ -34,6 +34,20 @@ func mustRun(t *testing.T, tr *Trace, p Policy) *Result {
 	return r
 }
 
+// mustRunIn replays tr under p with the named apply mode's cost.
+func mustRunIn(t *testing.T, tr *Trace, p Policy, mode string) *Result {
+	t.Helper()
+	cost, err := policy.ApplyCostOf(mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := RunWith(tr, p, Options{Apply: cost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func mustParse(t *testing.T, yaml string) *Trace {
 	t.Helper()
 	tr, err := ParseTrace("inline.yaml", []byte(yaml))
