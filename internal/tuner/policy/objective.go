@@ -125,7 +125,11 @@ func (v gpuView) jobsSeen() float64 {
 	}
 	for i, b := range v.obs.Memory.Sizes {
 		// A pod that came and went within PeakHold: a fine-tune in the
-		// morning says nothing of the night's strangers.
+		// morning says nothing of the night's strangers. A service's
+		// restart is no job (Memory.Restarts).
+		if v.obs.Memory.restart(i) {
+			continue
+		}
 		if i >= len(v.obs.Memory.SizesAt) || v.now.Sub(v.obs.Memory.SizesAt[i]) <= PeakHold {
 			p = max(p, float64(b))
 		}
@@ -173,6 +177,9 @@ func (v gpuView) rankPrice() (item, bool) {
 	var xs []float64
 	recent := 0
 	for i, b := range v.obs.Memory.Sizes {
+		if v.obs.Memory.restart(i) {
+			continue // a service's restart, not a job (Memory.Restarts)
+		}
 		xs = append(xs, float64(b))
 		if i >= len(v.obs.Memory.SizesAt) || v.now.Sub(v.obs.Memory.SizesAt[i]) <= PeakHold {
 			recent++

@@ -447,7 +447,6 @@ var knownMisses = map[uint64]missKind{
 	27: missLearning, // met the bar until a burst of a workload never seen was learnt one pod at a time while another workload was being learnt too (TestLearningOnePodAtATime: held-out seed 66 OOMed 71 times, now 2)
 	32: missStranger,
 	35: missRound,
-	37: missStranger,
 	38: missStranger,
 	40: missStranger,
 	41: missRound,
