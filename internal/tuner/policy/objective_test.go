@@ -431,24 +431,31 @@ func TestArrivalSiblings(t *testing.T) {
 func TestHandoffArrivals(t *testing.T) {
 	def := DefaultConfig()
 	// Two services since before the tuner came, and a 2 GiB job of a
-	// known workload started 5 minutes ago, on 24 GiB.
+	// known workload started 5 minutes ago, on 24 GiB; before it, 15
+	// pods of 2-8 GiB came and went, one a minute, lately or hours ago.
 	at := besides(map[string]uint64{"svc/a/c": 8 * GiB, "svc/b/c": 4 * GiB}, "batch/job-1/c", 2*GiB, 5*time.Minute)
-	decide := func(arrivals int) Decision {
+	// ago is how long before now the last of 15 pods came and went.
+	decide := func(ago time.Duration) Decision {
 		o := onCard(3, card(24*GiB, 30*time.Minute, 3, at))
 		o.ContainerWorkloads = map[string]string{"batch/job-1/c": "Job/batch/job"}
 		o.Memory.Workloads = map[string]WorkloadMemory{"Job/batch/job": job(2*GiB, 2*GiB), "Job/batch/etl": job(3*GiB, 3*GiB)}
 		o.Memory = remembered(def, o)
-		for i := range arrivals {
-			o.Memory.Arrivals = append(o.Memory.Arrivals, now.Add(-time.Duration(i)*time.Minute))
+		// The pods that came and went, at 2-8 GiB, one a minute: the
+		// sizes a pod not here yet is drawn from.
+		for i := range 15 {
+			came := now.Add(-ago - time.Duration(14-i)*time.Minute)
+			o.Memory.Arrivals = append(o.Memory.Arrivals, came)
+			o.Memory.Sizes = append(o.Memory.Sizes, []uint64{2 * GiB, 3 * GiB, 4 * GiB, 5 * GiB, 6 * GiB, 8 * GiB}[i%6])
+			o.Memory.SizesAt = append(o.Memory.SizesAt, came.Add(30*time.Second))
 		}
 		o.Pending = []PendingPod{{Workload: "Job/batch/etl", Replicas: 1, Since: now.Add(-time.Minute)}}
 		d, _ := Round(def, o)
 		return d
 	}
-	if d := decide(0); d.Replicas != 4 {
+	if d := decide(3 * time.Hour); d.Replicas != 4 {
 		t.Errorf("quiet node: %d %s, want 4 (the 3 GiB job let in)\nmessage: %s", d.Replicas, d.Reason, d.Message)
 	}
-	if d := decide(15); d.Replicas != 3 {
+	if d := decide(time.Minute); d.Replicas != 3 {
 		t.Errorf("a pod a minute: %d %s, want 3 (held)\nmessage: %s", d.Replicas, d.Reason, d.Message)
 	}
 }
@@ -501,6 +508,32 @@ func TestArrivalFromPodsThatCame(t *testing.T) {
 	}
 	if s := v.sizes.stranger(); s.sd < float64(2*GiB) {
 		t.Errorf("the node's sizes, the server's among them, spread by %s: the test no longer shows the difference", gibf(s.sd))
+	}
+}
+
+// Until three pods came, the services running since before the tuner came
+// stand in for the sizes of a pod not here yet, but none above twice the
+// largest pod that came: a 40 GiB model beside 2 GiB embedders priced the
+// next pod at 2.0 ± 29.7 GiB, and an 80 GiB card with 34 GiB free held no
+// spare replica for a batch job (issue21-80g-deadlock, in plugin mode).
+func TestArrivalBeforePodsCame(t *testing.T) {
+	def := DefaultConfig()
+	services := map[string]uint64{"ml/llm/c": 40 * GiB, "ml/embed-0/c": 2 * GiB, "ml/embed-1/c": 2 * GiB}
+	price := func(at func(time.Time) map[string]uint64) item {
+		o := onCard(4, card(80*GiB, 40*time.Minute, 4, at))
+		o.Memory = remembered(def, o)
+		_, o.Memory = Round(def, o)
+		v := newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+		return v.arrival(v.latest)
+	}
+	// An embedder that came 20 minutes in: one pod came.
+	if a := price(besides(services, "ml/embed-2/c", 2*GiB, 20*time.Minute)); a.mean > float64(4*GiB) || a.sd > float64(3*GiB) {
+		t.Errorf("after one 2 GiB pod came, a pod not here yet priced at %s ± %s, want the embedders' size, not the model's", gibf(a.mean), gibf(a.sd))
+	}
+	// No pod came: the services are all the node has seen, the model
+	// among them.
+	if a := price(always(services)); a.sd < float64(20*GiB) {
+		t.Errorf("before any pod came, a pod not here yet priced at %s ± %s, want the node's sizes, the 40 GiB model among them", gibf(a.mean), gibf(a.sd))
 	}
 }
 
