@@ -27,8 +27,9 @@ func (v gpuView) sizesOf(residents bool) sizes {
 }
 
 // sizesBounded gathers the sizes of the pods that ended here and of every
-// pod running, those that ran before the tuner's first look and are still
-// in sample running counted at no more than bound (left out below 0).
+// pod running, those that ran before the tuner's first look left out when
+// bound < 0, and counted at no more than bound while still in sample
+// running.
 func (v gpuView) sizesBounded(bound float64, running map[string]uint64) sizes {
 	var out []float64
 	for _, b := range v.obs.Memory.Sizes {
@@ -49,7 +50,7 @@ func (v gpuView) sizesBounded(bound float64, running map[string]uint64) sizes {
 			if bound < 0 {
 				continue
 			}
-			if _, ok := running[c]; ok || running == nil {
+			if _, ok := running[c]; ok {
 				b = min(b, bound)
 			}
 		}

@@ -557,7 +557,7 @@ func (r *replay) admit(t time.Duration) {
 }
 
 // beforeWarm is the part of [from, to) before the policy's first full
-// History window.
+// History window and the apply mode's latency after it.
 func (r *replay) beforeWarm(from, to time.Duration) time.Duration {
 	h := r.pol.History() + r.opt.Apply.Latency
 	return min(to, h) - min(from, h)
