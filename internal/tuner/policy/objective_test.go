@@ -720,3 +720,29 @@ func TestYoungPodOfVariedWorkload(t *testing.T) {
 		t.Errorf("a model at 12 GiB 8 minutes in, of a workload seen once at 20 GiB, reserved at %s, want the 20 GiB its pod reached", gibf(r.mean))
 	}
 }
+
+// A raise's apply latency is not charged to the waiting pods it lets in:
+// they wait it whenever the count is raised for them, so keeping the
+// count spares them none of it. Charged, a 2.7% risk against a window's
+// patience tipped from a raise in instant mode to a keep in plugin mode,
+// every round, and family-48g-leaky's 15 pods never started in plugin
+// (sim's TestCriterionPlugin). A change that lets nobody in still pays it.
+func TestLatencyNotChargedToWaitingPods(t *testing.T) {
+	plugin, err := ApplyCostOf(ModePlugin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cost := func(apply ApplyCost, c candidate) float64 {
+		v := gpuView{cfg: DefaultConfig(), now: now, cur: 4, obs: &Observation{Apply: apply}}
+		v.price(&c)
+		return c.cost
+	}
+	letIn := candidate{n: 5, risk: 0.027, admitted: 1, saved: 600}
+	if i, p := cost(ApplyCost{}, letIn), cost(plugin, letIn); i != p {
+		t.Errorf("a raise letting a waiting pod in costs %.1f in instant mode, %.1f in plugin mode: want the same", i, p)
+	}
+	lower := candidate{n: 3}
+	if i, p := cost(ApplyCost{}, lower), cost(plugin, lower); p != i+plugin.Latency.Seconds() {
+		t.Errorf("a lowering costs %.1f in instant mode, %.1f in plugin mode: want the latency (%s) more", i, p, plugin.Latency)
+	}
+}

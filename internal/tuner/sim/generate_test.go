@@ -501,7 +501,7 @@ func TestCriterionGenerated(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Log(f.about)
-			v := judge(t, tr)
+			v := judge(t, tr, *criterionMode)
 			t.Log(v.summary())
 			kinds := v.kinds()
 			why, known := knownMisses[seed]
