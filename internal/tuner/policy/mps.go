@@ -497,7 +497,7 @@ func (v gpuView) decideMPS(lastChange time.Time, loops []CrashLoop) Decision {
 	state := fmt.Sprintf("%s of %s used with %d allocated, %s committed by the running clients' limits", gib(led.s.MemoryUsedBytes), gib(total),
 		led.s.ReplicasAllocated, gibf(v.committed(led, led.s.ReplicasAllocated)))
 	why := func(c candidate) string {
-		s := fmt.Sprintf("%d replicas: a new client's limit %s, OOM risk %.2g%%", c.n, gib(mps.MemoryLimit(total, c.n)), 100*c.risk)
+		s := fmt.Sprintf("%d replicas: a new client's limit %s, OOM risk %s", c.n, gib(mps.MemoryLimit(total, c.n)), percent(c.risk))
 		if c.admitted > 0 {
 			ds := make([]demand, min(c.admitted, 6))
 			for i := range ds {
@@ -521,7 +521,7 @@ func (v gpuView) decideMPS(lastChange time.Time, loops []CrashLoop) Decision {
 			reason = ReasonProcessCapOOM
 		}
 		return Decision{Replicas: best.n, Reason: reason,
-			Message: fmt.Sprintf("%s; %s (at %d: %.2g%%), lowering %d -> %d%s", state, why(best), cur, 100*at.risk, cur, best.n, keep)}
+			Message: fmt.Sprintf("%s; %s (at %d: %s), lowering %d -> %d%s", state, why(best), cur, percent(at.risk), cur, best.n, keep)}
 	}
 	pending := len(v.obs.Pending)
 	switch {

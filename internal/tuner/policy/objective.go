@@ -1030,7 +1030,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	state := fmt.Sprintf("%s of %s used with %d allocated, %s reserved", gib(led.s.MemoryUsedBytes), gib(led.s.MemoryTotalBytes),
 		led.s.ReplicasAllocated, gibf(mean))
 	why := func(c candidate) string {
-		s := fmt.Sprintf("%d replicas: OOM risk %.2g%%", c.n, 100*c.risk)
+		s := fmt.Sprintf("%d replicas: OOM risk %s", c.n, percent(c.risk))
 		if c.admitted > 0 {
 			s += fmt.Sprintf(", lets in %d of %d waiting (%s)", c.admitted, len(q), prices(q[:min(c.admitted, 6)]))
 		}
@@ -1045,7 +1045,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 			Message: fmt.Sprintf("%s; %s, raising %d -> %d", state, why(best), cur, best.n)})
 	case best.n < cur:
 		return withLoops(Decision{Replicas: best.n, Reason: ReasonUnbackedReplicas,
-			Message: fmt.Sprintf("%s; %s (at %d: %.2g%%), lowering %d -> %d", state, why(best), cur, 100*at.risk, cur, best.n)})
+			Message: fmt.Sprintf("%s; %s (at %d: %s), lowering %d -> %d", state, why(best), cur, percent(at.risk), cur, best.n)})
 	}
 	// Keeping the count: say what held a change.
 	pending := len(v.obs.Pending)
@@ -1091,6 +1091,18 @@ func prices(q []demand) string {
 		bs[i] = uint64(d.mean)
 	}
 	return gibs(bs)
+}
+
+// percent writes an OOM risk, the expected number of OOM incidents, as a
+// percentage: two significant digits below 100% ("2.8%", "1.2e-54%"),
+// whole numbers from there ("100%", "160%": more than one OOM expected),
+// where two digits would read "1e+02%".
+func percent(r float64) string {
+	p := 100 * r
+	if p >= 99.5 {
+		return fmt.Sprintf("%.0f%%", p)
+	}
+	return fmt.Sprintf("%.2g%%", p)
 }
 
 func abs(n int) int { return max(n, -n) }

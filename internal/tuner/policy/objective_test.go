@@ -746,3 +746,20 @@ func TestLatencyNotChargedToWaitingPods(t *testing.T) {
 		t.Errorf("a lowering costs %.1f in instant mode, %.1f in plugin mode: want the latency (%s) more", i, p, plugin.Latency)
 	}
 }
+
+// An OOM risk reads as a percentage in decision messages, never in
+// exponent form once it reaches 100% (a full card reported "OOM risk
+// 1e+02%").
+func TestPercent(t *testing.T) {
+	for _, tc := range []struct {
+		risk float64
+		want string
+	}{
+		{0, "0%"}, {1.2e-56, "1.2e-54%"}, {0.00033, "0.033%"}, {0.027, "2.7%"}, {0.81, "81%"},
+		{0.994, "99%"}, {0.9999, "100%"}, {1, "100%"}, {1.6, "160%"}, {4.044, "404%"},
+	} {
+		if got := percent(tc.risk); got != tc.want {
+			t.Errorf("percent(%g) = %q, want %q", tc.risk, got, tc.want)
+		}
+	}
+}
