@@ -773,25 +773,27 @@ func departing(left []time.Duration, exposure time.Duration, upto int, perPod fl
 // pod that may want a replica meanwhile).
 func (v gpuView) price(c *candidate) {
 	cfg, apply := v.cfg, v.obs.Apply
-	change := cfg.ChangeCost.Seconds() + apply.Latency.Seconds() + apply.Blackout.Seconds()*float64(1+len(v.obs.Pending))
+	latency := apply.Latency.Seconds()
+	change := cfg.ChangeCost.Seconds() + latency + apply.Blackout.Seconds()*float64(1+len(v.obs.Pending))
 	c.cost = cfg.OOMCost.Seconds()*c.risk - c.saved
 	if c.spares > 0 {
 		// A spare replica spares the next pods a round and the apply
 		// latency each, and the change a raise for them would cost.
-		c.cost -= float64(1+v.arrivals())*(cfg.SampleInterval+apply.Latency).Seconds() + change
+		c.cost -= float64(1+v.arrivals())*(cfg.SampleInterval.Seconds()+latency) + change
 	}
-	if c.n != v.cur {
+	switch {
+	case c.n == v.cur:
+	case c.admitted > 0:
+		// The waiting pods it lets in wait its latency whenever the
+		// count is raised for them, now or rounds later: keeping the
+		// count spares them none of it. Charged, it tipped a refusal
+		// that nothing on the node would change (a 2.7% risk against a
+		// window's patience) from a raise in instant to a keep in
+		// plugin, every round: family-48g-leaky's 15 pods never started
+		// in plugin.
+		c.cost += change - latency
+	default:
 		c.cost += change
-		if c.admitted > 0 {
-			// The waiting pods it lets in wait its latency whenever the
-			// count is raised for them, now or rounds later: keeping the
-			// count spares them none of it. Charged, it tipped a refusal
-			// that nothing on the node would change (a 2.7% risk against
-			// a window's patience) from a raise in instant to a keep in
-			// plugin, every round: family-48g-leaky's 15 pods never
-			// started in plugin.
-			c.cost -= apply.Latency.Seconds()
-		}
 	}
 }
 
