@@ -763,3 +763,41 @@ func TestPercent(t *testing.T) {
 		}
 	}
 }
+
+// A workload whose pods ended is known from them however short they ran:
+// a burst of three 0.5 GiB jobs that ran three minutes each, half an hour
+// ago, left its workload watched for less than a window. Not known, the
+// next burst of ten was learnt again one pod at a time (generated seed
+// 35's hourly bursts waited a round each time where static:15 had its
+// replicas free).
+func TestKnownFromEndedPods(t *testing.T) {
+	def := DefaultConfig()
+	jobs := []string{"cron/j-0/c", "cron/j-1/c", "cron/j-2/c"}
+	o := onCard(4, card(12*GiB, 40*time.Minute, 4, func(tm time.Time) map[string]uint64 {
+		m := map[string]uint64{"svc/a/c": 2 * GiB}
+		if tm.After(now.Add(-30*time.Minute)) && tm.Before(now.Add(-27*time.Minute)) {
+			for _, c := range jobs {
+				m[c] = GiB / 2
+			}
+		}
+		return m
+	}))
+	o.ContainerWorkloads = map[string]string{}
+	for _, c := range jobs {
+		o.ContainerWorkloads[c] = "Job/cron/j"
+	}
+	for i := range 10 {
+		o.Pending = append(o.Pending, PendingPod{Workload: "Job/cron/j", Replicas: 1, Since: now.Add(-10 * time.Second).Add(time.Duration(i) * time.Millisecond)})
+	}
+	d, mem := replay(def, o)
+	w := mem.Workloads["Job/cron/j"]
+	if w.Seen >= def.Window || w.Pods != 3 {
+		t.Fatalf("the burst's workload: watched %s, %d pods ended; want less than a window (%s) and 3", w.Seen, w.Pods, def.Window)
+	}
+	if !w.Known(def) {
+		t.Errorf("a workload of three pods that ended is not known: its pods showed all they held")
+	}
+	if d.Replicas < 1+10 {
+		t.Errorf("Round = %d %s, want at least 11: ten more 0.5 GiB jobs fit beside 2 GiB on 12 GiB\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+}
