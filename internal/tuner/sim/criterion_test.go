@@ -335,17 +335,27 @@ var shippedMisses = map[string]string{
 	"issue21-24g-oom-loop":      "the operator's count lets the trainer in before any evidence and it crash-loops, as under static:4; the tuner then waits where static:5 and above crash as often",
 }
 
-func TestCriterion(t *testing.T) {
-	shipped, err := filepath.Glob(tracePath("*.yaml"))
-	if err != nil || len(shipped) == 0 {
+// shippedTraces are the names of the shipped traces (testdata/traces, the
+// file name without .yaml), in file order.
+func shippedTraces(t *testing.T) []string {
+	t.Helper()
+	paths, err := filepath.Glob(tracePath("*.yaml"))
+	if err != nil || len(paths) == 0 {
 		t.Fatalf("no traces under %s: %v", tracePath(""), err)
 	}
+	names := make([]string, len(paths))
+	for i, p := range paths {
+		names[i] = strings.TrimSuffix(filepath.Base(p), ".yaml")
+	}
+	return names
+}
+
+func TestCriterion(t *testing.T) {
 	var table strings.Builder
 	table.WriteString(tableHead())
-	for _, path := range shipped {
-		name := strings.TrimSuffix(filepath.Base(path), ".yaml")
+	for _, name := range shippedTraces(t) {
 		t.Run(name, func(t *testing.T) {
-			v := judge(t, mustRead(t, filepath.Base(path)), *criterionMode)
+			v := judge(t, mustRead(t, name+".yaml"), *criterionMode)
 			why, known := shippedMisses[name]
 			known = known && !v.hard()
 			switch {
@@ -378,14 +388,9 @@ func TestCriterionPlugin(t *testing.T) {
 	if *criterionMode == policy.ModePlugin {
 		t.Skip("TestCriterion judges plugin mode in this run")
 	}
-	shipped, err := filepath.Glob(tracePath("*.yaml"))
-	if err != nil || len(shipped) == 0 {
-		t.Fatalf("no traces under %s: %v", tracePath(""), err)
-	}
-	for _, path := range shipped {
-		name := strings.TrimSuffix(filepath.Base(path), ".yaml")
+	for _, name := range shippedTraces(t) {
 		t.Run(name, func(t *testing.T) {
-			v := judge(t, mustRead(t, filepath.Base(path)), policy.ModePlugin)
+			v := judge(t, mustRead(t, name+".yaml"), policy.ModePlugin)
 			why, known := shippedMisses[name]
 			for _, m := range v.misses {
 				if known && !v.hard() {
