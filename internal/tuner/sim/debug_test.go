@@ -3,6 +3,7 @@ package sim
 import (
 	"flag"
 	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
@@ -15,6 +16,7 @@ var (
 	replayVs    = flag.Int("replay-vs", 0, "with -replay, compare each pod's wait with static:N's")
 	replayPods  = flag.Bool("replay-pods", false, "with -replay, list the containers of each sample printed")
 	replayMode  = flag.String("replay-mode", policy.ModeInstant, "with -replay, the apply mode replayed (the criterion's default instant; simulate's plugin)")
+	judgeGlob   = flag.String("judge", "", "traces (a glob) for TestJudge to judge as the criterion does, in -criterion-mode")
 )
 
 // tracer is the tuner, printing what it saw and decided.
@@ -73,5 +75,34 @@ func TestReplay(t *testing.T) {
 				fmt.Printf("%-24s arrives %-10s waits %-10s static:%d %s\n", p.Name, p.Arrive, r.waits[i], *replayVs, s.waits[i])
 			}
 		}
+	}
+}
+
+// TestJudge is a tool, not a test: with -judge it holds every trace the
+// glob matches to the criterion's bar (judge, in -criterion-mode) and
+// prints each one's numbers and its first miss, for traces that are not
+// shipped: a family of one's own, a user's recording.
+//
+//	go test ./internal/tuner/sim -run TestJudge -v -args -judge '/abs/traces/*.yaml' -criterion-mode plugin
+func TestJudge(t *testing.T) {
+	if *judgeGlob == "" {
+		t.Skip("a tool: set -judge")
+	}
+	paths, err := filepath.Glob(*judgeGlob)
+	if err != nil || len(paths) == 0 {
+		t.Fatalf("-judge %s matches no trace: %v", *judgeGlob, err)
+	}
+	for _, p := range paths {
+		tr, err := ReadTrace(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := judge(t, tr, *criterionMode)
+		r, verdict := v.tuner, "meets the bar"
+		if len(v.misses) > 0 {
+			verdict = v.misses[0].kind.name + ": " + v.misses[0].text
+		}
+		fmt.Printf("%s: %d OOM events (%d after a raise), %.0f pod-s pending, %d never started, %d changes (%d reversals) | %s\n",
+			filepath.Base(p), r.OOMEvents, r.RaiseOOMEvents, r.PodSecondsPending, r.PodsNeverStarted, r.ReplicaChanges, r.Reversals, verdict)
 	}
 }

@@ -156,6 +156,9 @@ type Result struct {
 	MaxPendingSeconds float64 `json:"maxPendingSeconds"`
 	MinReplicas       int     `json:"minReplicas"`
 	MaxReplicas       int     `json:"maxReplicas"`
+	// MaxHeld is the most pods that held replicas at once: a count is
+	// only as many pods as come for it.
+	MaxHeld int `json:"maxHeld"`
 	// ApplyMode is the apply mode replayed, ApplyLatencySeconds the
 	// latency charged over all changes (a change takes effect that long
 	// after the decision) and BlackoutSeconds the time the node admitted
@@ -546,6 +549,7 @@ func (r *replay) admit(t time.Duration) {
 		r.queue = r.queue[1:]
 		p.state, p.admitted, p.end, p.attempt, p.step = running, t, t+p.Run, t, 0
 		r.held++
+		r.res.MaxHeld = max(r.res.MaxHeld, r.held)
 		p.starts++
 		wait := t - p.queued
 		r.pending += wait
