@@ -783,6 +783,18 @@ func (v gpuView) price(c *candidate) {
 		// latency each, and the change a raise for them would cost.
 		c.cost -= float64(1+v.arrivals())*(cfg.SampleInterval.Seconds()+latency) + change
 	}
+	if c.n < v.cur {
+		// A lowering locks the count for its settle time (no raise
+		// undoes it without an OOM): the pods that come meanwhile beyond
+		// the replicas it leaves free wait for the lock to end, half of it
+		// on average, not the round a spare's price assumes. In the middle
+		// of an hourly burst (jobs still coming every few seconds) a 1.3%
+		// risk on four spares lowered 11 -> 8, and the rest of the burst
+		// waited out the settle time, two minutes each, where static:15
+		// let every job in (issue 21, kind 2).
+		settle := apply.Settle(cfg).Seconds()
+		c.cost += beyond(max(v.rate, v.burst)*settle, c.spares) * settle / 2
+	}
 	switch {
 	case c.n == v.cur:
 	case c.admitted > 0:
@@ -863,6 +875,41 @@ func (v gpuView) spellRate(ts []time.Time) (float64, int) {
 		r = max(r, float64(spell)/short.Seconds())
 	}
 	return r, n
+}
+
+// burstSpan is how far back a burst's arrivals are counted: pods coming
+// every few seconds are a burst under way, which the hour's or the
+// quarter's rate (arrivalRate) averages away.
+const burstSpan = 2 * time.Minute
+
+// burstRate is the arrival rate of the last burstSpan, when minSpell or
+// more pods came in it; 0 otherwise.
+func (v gpuView) burstRate() float64 {
+	n := 0
+	for _, t := range v.obs.Memory.Arrivals {
+		if v.now.Sub(t) <= burstSpan {
+			n++
+		}
+	}
+	if n < minSpell {
+		return 0
+	}
+	return float64(n) / burstSpan.Seconds()
+}
+
+// beyond is how many of a Poisson number of pods (mean mu) find no free
+// replica of free: E[(N - free)+].
+func beyond(mu float64, free int) float64 {
+	if mu <= 0 {
+		return 0
+	}
+	out := mu - float64(free)
+	p := math.Exp(-mu) // P(N = 0)
+	for k := 0; k < free; k++ {
+		out += float64(free-k) * p
+		p *= mu / float64(k+1)
+	}
+	return max(out, 0)
 }
 
 // minSpell is how many pods a quarter hour needs to count as a spell.
@@ -1017,6 +1064,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	// What a pod not here yet is priced at, and how often one comes, are
 	// the same for every count weighed: once a round.
 	v.arrivalItem, v.rate, v.departures = v.arrival(led), v.arrivalRate(), v.departureRate()
+	v.burst = v.burstRate()
 	q := v.queue(led)
 	var best candidate
 	var at candidate

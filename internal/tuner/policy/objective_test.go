@@ -801,3 +801,66 @@ func TestKnownFromEndedPods(t *testing.T) {
 		t.Errorf("Round = %d %s, want at least 11: ten more 0.5 GiB jobs fit beside 2 GiB on 12 GiB\nmessage: %s", d.Replicas, d.Reason, d.Message)
 	}
 }
+
+// A lowering locks the count for its settle time (no raise undoes it
+// without an OOM), so the pods that come meanwhile wait it out: in the
+// middle of a burst, seven cron jobs in the last 90 seconds beside a 7.5
+// GiB server on 24 GiB, the three spares (a 0.11% risk) are kept for the
+// jobs still coming; once the burst is 50 minutes old, spares go. Without
+// the lock priced, both lower to 9.
+func TestLoweringLockPricedInABurst(t *testing.T) {
+	def := DefaultConfig()
+	running := map[string]uint64{"web/server/c": 7*GiB + GiB/2}
+	wls := map[string]string{}
+	for i := range 7 {
+		c := fmt.Sprintf("batch/hourly-%d/c", i)
+		running[c], wls[c] = GiB+GiB*2/5, "CronJob/batch/hourly"
+	}
+	// ago is how long before now the last of the burst's seven jobs came
+	// (one every 15 s).
+	decide := func(ago time.Duration) Decision {
+		o := onCard(11, card(24*GiB, 30*time.Minute, 11, always(running)))
+		o.ContainerWorkloads = wls
+		o.Memory.Workloads = map[string]WorkloadMemory{"CronJob/batch/hourly": job(GiB+GiB*2/5, GiB+GiB/2, GiB+GiB*3/10)}
+		o.Memory = remembered(def, o)
+		o.Memory.Arrivals = nil
+		for i := range 7 {
+			o.Memory.Arrivals = append(o.Memory.Arrivals, now.Add(-ago-time.Duration(6-i)*15*time.Second))
+		}
+		// Earlier hours' jobs, 1.4-2 GiB: the sizes a pod not here yet is
+		// drawn from.
+		for i := range 12 {
+			o.Memory.Sizes = append(o.Memory.Sizes, []uint64{GiB + GiB*2/5, 2 * GiB, GiB + GiB/2}[i%3])
+			o.Memory.SizesAt = append(o.Memory.SizesAt, now.Add(-2*time.Hour))
+		}
+		o.Memory.Base = 3 // the spares are the tuner's own bets
+		d, _ := Round(def, o)
+		return d
+	}
+	if d := decide(0); d.Replicas != 11 {
+		t.Errorf("mid-burst: %d %s, want 11 kept for the jobs still coming\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+	if d := decide(50 * time.Minute); d.Replicas >= 11 {
+		t.Errorf("50 minutes after the burst: %d %s, want a lowering\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+}
+
+// beyond is E[(N - free)+] for N Poisson: all of N with no replica free,
+// the mean less the free replicas when many come, nothing when none does.
+func TestBeyond(t *testing.T) {
+	for _, tc := range []struct {
+		mu   float64
+		free int
+		want float64
+	}{
+		{0, 3, 0},
+		{2, 0, 2},
+		{2, 1, 1 + math.Exp(-2)},
+		{0.5, 2, 0.5 - 2 + math.Exp(-0.5)*(2+1*0.5)},
+		{40, 1, 39 + math.Exp(-40)},
+	} {
+		if got := beyond(tc.mu, tc.free); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("beyond(%v, %d) = %v, want %v", tc.mu, tc.free, got, tc.want)
+		}
+	}
+}

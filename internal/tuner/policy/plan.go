@@ -47,6 +47,9 @@ type gpuView struct {
 	rate        float64
 	// departures is departureRate of the latest round.
 	departures float64
+	// burst is how many pods come per second in a burst now: the last
+	// burstSpan's arrivals, once minSpell came in it (0 otherwise).
+	burst float64
 	// latest is the ledger of the latest sample over a Window; ok is
 	// false when there is none (no sample, or its total unknown).
 	latest ledger
