@@ -440,10 +440,11 @@ func (v gpuView) queue(led ledger) []demand {
 // (generated seed 32: 23,480 pod-seconds pending against static:7's 1,677,
 // both with no OOM).
 func (v gpuView) arrival(led ledger) item {
-	a := v.sizes.stranger()
-	if came := v.sizesOf(false); len(came.sorted) >= minCame {
+	var a item
+	switch came := v.sizesOf(false); {
+	case len(came.sorted) >= minCame:
 		a = came.stranger()
-	} else if len(came.sorted) > 0 {
+	case len(came.sorted) > 0:
 		// Until minCame pods came, the services running since before
 		// the tuner came stand in for the sizes not seen yet, none
 		// above residentBound times the largest pod that came (those
@@ -454,6 +455,21 @@ func (v gpuView) arrival(led ledger) item {
 		// latency where static:7 let it in (issue21-80g-deadlock in
 		// plugin mode; TestArrivalBeforePodsCame).
 		a = v.sizesBounded(residentBound*came.sorted[len(came.sorted)-1], led.s.ContainerPeaks).stranger()
+	case len(v.sizes.sorted) > 0:
+		// No pod came yet: the services stand in for the sizes not seen
+		// yet, none above residentBound times what the first pod of a
+		// workload never seen would be priced at waiting (explorer:
+		// bounded learning, the services' sizes but the largest, capped
+		// at half the memory left). Unbounded, a 40 GiB model beside
+		// 2 GiB embedders kept a spare off an 80 GiB card with 34 GiB
+		// free, and the first batch job waited the apply latency where
+		// static:6 let it in (eight neighbours of issue 21's kind 1, in
+		// plugin mode); two 10 GiB models with 4 GiB free on 24 GiB
+		// still keep none, each bounded at twice the 2 GiB a stranger
+		// would get.
+		a = v.sizesBounded(residentBound*v.explorer(true).mean, led.s.ContainerPeaks).stranger()
+	default:
+		a = v.sizes.stranger()
 	}
 	shown := 0.0
 	for c := range led.s.ContainerPeaks {

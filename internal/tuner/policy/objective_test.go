@@ -513,9 +513,10 @@ func TestArrivalFromPodsThatCame(t *testing.T) {
 
 // Until three pods came, the services running since before the tuner came
 // stand in for the sizes of a pod not here yet, but none above twice the
-// largest pod that came: a 40 GiB model beside 2 GiB embedders priced the
-// next pod at 2.0 ± 29.7 GiB, and an 80 GiB card with 34 GiB free held no
-// spare replica for a batch job (issue21-80g-deadlock, in plugin mode).
+// largest pod that came, or, before any came, twice what a stranger
+// waiting would be priced at: a 40 GiB model beside 2 GiB embedders priced
+// the next pod at 2.0 ± 29.7 GiB, and an 80 GiB card with 34 GiB free held
+// no spare replica for a batch job (issue21-80g-deadlock, in plugin mode).
 func TestArrivalBeforePodsCame(t *testing.T) {
 	def := DefaultConfig()
 	services := map[string]uint64{"ml/llm/c": 40 * GiB, "ml/embed-0/c": 2 * GiB, "ml/embed-1/c": 2 * GiB}
@@ -530,10 +531,21 @@ func TestArrivalBeforePodsCame(t *testing.T) {
 	if a := price(besides(services, "ml/embed-2/c", 2*GiB, 20*time.Minute)); a.mean > float64(4*GiB) || a.sd > float64(3*GiB) {
 		t.Errorf("after one 2 GiB pod came, a pod not here yet priced at %s ± %s, want the embedders' size, not the model's", gibf(a.mean), gibf(a.sd))
 	}
-	// No pod came: the services are all the node has seen, the model
-	// among them.
-	if a := price(always(services)); a.sd < float64(20*GiB) {
-		t.Errorf("before any pod came, a pod not here yet priced at %s ± %s, want the node's sizes, the 40 GiB model among them", gibf(a.mean), gibf(a.sd))
+	// No pod came: the services stand in, the model bounded at twice
+	// what a stranger waiting would be priced at (the embedders' 2 GiB).
+	if a := price(always(services)); a.mean > float64(3*GiB) || a.sd > float64(3*GiB) {
+		t.Errorf("before any pod came, a pod not here yet priced at %s ± %s, want about the embedders' size, the model bounded", gibf(a.mean), gibf(a.sd))
+	}
+	// Two 10 GiB models with 4 GiB free on 24 GiB: a stranger would get
+	// 2 GiB, the models stand in at 4 GiB each, and no spare is worth
+	// its risk there (TestObjective).
+	models := map[string]uint64{"ml/llm-a/c": 10 * GiB, "ml/llm-b/c": 10 * GiB}
+	o := onCard(2, card(24*GiB, 40*time.Minute, 2, always(models)))
+	o.Memory = remembered(def, o)
+	_, o.Memory = Round(def, o)
+	v := newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+	if a := v.arrival(v.latest); a.mean < float64(3*GiB) {
+		t.Errorf("beside two 10 GiB models, a pod not here yet priced at %s ± %s, want the models bounded at twice a stranger's 2 GiB", gibf(a.mean), gibf(a.sd))
 	}
 }
 
