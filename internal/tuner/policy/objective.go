@@ -440,7 +440,7 @@ func (v gpuView) queue(led ledger) []demand {
 // (generated seed 32: 23,480 pod-seconds pending against static:7's 1,677,
 // both with no OOM).
 func (v gpuView) arrival(led ledger) item {
-	var a item
+	var a item // with no size seen, none: a pod not here yet is not weighed
 	switch came := v.sizesOf(false); {
 	case len(came.sorted) >= minCame:
 		a = came.stranger()
@@ -468,8 +468,6 @@ func (v gpuView) arrival(led ledger) item {
 		// still keep none, each bounded at twice the 2 GiB a stranger
 		// would get.
 		a = v.sizesBounded(residentBound*v.explorer(true).mean, led.s.ContainerPeaks).stranger()
-	default:
-		a = v.sizes.stranger()
 	}
 	shown := 0.0
 	for c := range led.s.ContainerPeaks {
@@ -834,10 +832,13 @@ const arrivalHorizon = time.Hour
 
 // arrivals is how many pods are expected to come in the next
 // arrivalHorizon: as many as came in the last one (Memory.Arrivals).
-func (v gpuView) arrivals() int {
+func (v gpuView) arrivals() int { return v.cameWithin(arrivalHorizon) }
+
+// cameWithin is how many pods came in the last d (Memory.Arrivals).
+func (v gpuView) cameWithin(d time.Duration) int {
 	n := 0
 	for _, t := range v.obs.Memory.Arrivals {
-		if v.now.Sub(t) <= arrivalHorizon {
+		if v.now.Sub(t) <= d {
 			n++
 		}
 	}
@@ -901,12 +902,7 @@ const burstSpan = 2 * time.Minute
 // burstRate is the arrival rate of the last burstSpan, when minSpell or
 // more pods came in it; 0 otherwise.
 func (v gpuView) burstRate() float64 {
-	n := 0
-	for _, t := range v.obs.Memory.Arrivals {
-		if v.now.Sub(t) <= burstSpan {
-			n++
-		}
-	}
+	n := v.cameWithin(burstSpan)
 	if n < minSpell {
 		return 0
 	}
