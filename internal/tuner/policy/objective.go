@@ -332,6 +332,7 @@ func (d demand) shares() (string, bool) {
 //     node's distribution (stranger).
 func (v gpuView) queue(led ledger) []demand {
 	shown := map[string]float64{} // workloads being learnt: the most their running pods showed
+	rising := map[string]bool{}   // ... and whether one of those pods may still be growing (settled)
 	learning := false
 	running := map[string]bool{} // workloads with a pod running
 	for c := range led.s.ContainerPeaks {
@@ -339,6 +340,7 @@ func (v gpuView) queue(led ledger) []demand {
 		running[wl] = true
 		if !v.obs.Memory.Workloads[wl].Known(v.cfg) && v.age(c) < v.cfg.Window {
 			shown[wl] = max(shown[wl], float64(v.peaks[c]))
+			rising[wl] = rising[wl] || !v.settled(c)
 			learning = true
 		}
 	}
@@ -380,6 +382,16 @@ func (v gpuView) queue(led ledger) []demand {
 		case sibling && s == 0:
 			// Its first pod has shown nothing yet, or is let in now.
 			d.learning, d.none = true, true
+		case sibling && !rising[p.Workload]:
+			// Its first pod has reached its size and held it for
+			// settleSpan: a pod of its workload is priced at that size,
+			// uncertain as one pod of a workload seen once. At twice
+			// it, a job that loaded 13 GiB in a minute and held it for
+			// eight priced its sibling at 26 GiB, the count was lowered
+			// to keep the departing job's replica from it, and the
+			// sibling waited out the lowering's settle time where a
+			// static count let it in (issue 21's kind 4).
+			d.item, d.learning = item{mean: s, sd: max(v.podSpread, strangerSpread) * s}, true
 		case sibling:
 			d.item, d.learning = item{mean: max(2*s, stranger.mean), sd: stranger.sd}, true
 		case !learning && v.explorer(v.late(p)).mean > 0:
@@ -410,6 +422,28 @@ func (v gpuView) queue(led ledger) []demand {
 		out = append(out, d)
 	}
 	return out
+}
+
+// settleSpan is how long a pod of a workload being learnt must have held
+// its peak, grown no further, for the size it shows to price its
+// siblings: half a window. Pods that load in steps (6 GiB, then 12 GiB two
+// minutes later) pause for less.
+const settleSpan = 5 * time.Minute
+
+// settled says whether running container c has held its peak in the
+// window, within settledSpread, for settleSpan: it reached that much at
+// least settleSpan ago and has not grown past it since.
+func (v gpuView) settled(c string) bool {
+	peak := float64(v.peaks[c])
+	if peak <= 0 || v.age(c) < settleSpan {
+		return false
+	}
+	for _, s := range v.window {
+		if p, ok := s.ContainerPeaks[c]; ok && float64(p) >= (1-settledSpread)*peak {
+			return v.now.Sub(s.Time) >= settleSpan
+		}
+	}
+	return false
 }
 
 // arrival is the price of a pod not here yet, the one a spare replica or a

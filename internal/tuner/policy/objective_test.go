@@ -876,3 +876,48 @@ func TestBeyond(t *testing.T) {
 		}
 	}
 }
+
+// A sibling of a pod being learnt is priced at twice what that pod showed
+// only while the pod may still grow: once it has held its size for
+// settleSpan, the sibling is priced at that size. At twice it, a job that
+// loaded 13 GiB in a minute and held it for eight priced its waiting
+// sibling at 26 GiB; the count was lowered to keep the departing job's
+// replica from it, and the sibling waited out the lowering's settle time
+// where a static count let it in (issue 21's kind 4).
+func TestSiblingOfASettledPod(t *testing.T) {
+	def := DefaultConfig()
+	models := map[string]uint64{"svc/m0/c": 15 * GiB, "svc/m1/c": 15 * GiB}
+	// The job started 9 minutes ago at 5 GiB and grew to 13 GiB rose ago.
+	mix := func(rose time.Duration) func(time.Time) map[string]uint64 {
+		return func(tm time.Time) map[string]uint64 {
+			m := maps.Clone(models)
+			switch {
+			case !tm.Before(now.Add(-rose)):
+				m["batch/job-0/c"] = 13 * GiB
+			case tm.After(now.Add(-9 * time.Minute)):
+				m["batch/job-0/c"] = 5 * GiB
+			}
+			return m
+		}
+	}
+	run := func(rose time.Duration) (Decision, demand) {
+		o := onCard(3, card(48*GiB, 30*time.Minute, 3, mix(rose)))
+		o.ContainerWorkloads = map[string]string{"batch/job-0/c": "Job/batch/job"}
+		o.Memory = remembered(def, Observation{Memory: Memory{Base: 2}, Now: o.Now, CurrentReplicas: 3, GPUs: o.GPUs, ContainerWorkloads: o.ContainerWorkloads})
+		o.Pending = []PendingPod{{Workload: "Job/batch/job", Replicas: 1, Since: now.Add(-15 * time.Second)}}
+		d, mem := Round(def, o)
+		o.Memory = mem
+		v := newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+		return d, v.queue(v.latest)[0]
+	}
+	d, q := run(8 * time.Minute)
+	if q.mean > float64(14*GiB) || q.mean < float64(13*GiB) {
+		t.Errorf("settled for 8 minutes: the sibling priced at %s ± %s, want the 13 GiB its first pod holds", gibf(q.mean), gibf(q.sd))
+	}
+	if d.Replicas != 3 {
+		t.Errorf("settled for 8 minutes: Round = %d %s, want 3 kept: the departing job's replica may go to its 13 GiB sibling\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+	if _, q := run(2 * time.Minute); q.mean < float64(26*GiB) {
+		t.Errorf("grown 2 minutes ago: the sibling priced at %s, want twice the 13 GiB shown: it may grow again", gibf(q.mean))
+	}
+}

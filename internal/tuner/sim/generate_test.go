@@ -443,7 +443,6 @@ var knownMisses = map[uint64]missKind{
 	7:  missLearning,
 	9:  missRound,
 	10: missStranger,
-	12: missLearning,
 	13: missLearning, // met the bar until a lowering's lock was priced (price): its bursts' rounds fall a tick apart, 101,963 pod-seconds pending against static:10's 101,531 (101,181 before); in plugin mode it meets the bar now, and held-out seed 99 in both modes
 	14: missWait,
 	15: missLearning,
