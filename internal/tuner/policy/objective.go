@@ -332,7 +332,7 @@ func (d demand) shares() (string, bool) {
 //     node's distribution (stranger).
 func (v gpuView) queue(led ledger) []demand {
 	shown := map[string]float64{} // workloads being learnt: the most their running pods showed
-	rising := map[string]bool{}   // ... and whether one of those pods may still be growing (settled)
+	rising := map[string]bool{}   // ... with a pod that may still grow (not settled)
 	learning := false
 	running := map[string]bool{} // workloads with a pod running
 	for c := range led.s.ContainerPeaks {

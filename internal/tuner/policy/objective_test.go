@@ -887,7 +887,9 @@ func TestBeyond(t *testing.T) {
 func TestSiblingOfASettledPod(t *testing.T) {
 	def := DefaultConfig()
 	models := map[string]uint64{"svc/m0/c": 15 * GiB, "svc/m1/c": 15 * GiB}
-	// The job started 9 minutes ago at 5 GiB and grew to 13 GiB rose ago.
+	// Two models since before the tuner came, on 48 GiB, and a job of a
+	// workload never seen that started 9 minutes ago at 5 GiB and has held
+	// 13 GiB since rose ago.
 	mix := func(rose time.Duration) func(time.Time) map[string]uint64 {
 		return func(tm time.Time) map[string]uint64 {
 			m := maps.Clone(models)
