@@ -905,7 +905,8 @@ func TestSiblingOfASettledPod(t *testing.T) {
 	run := func(rose time.Duration) (Decision, demand) {
 		o := onCard(3, card(48*GiB, 30*time.Minute, 3, mix(rose)))
 		o.ContainerWorkloads = map[string]string{"batch/job-0/c": "Job/batch/job"}
-		o.Memory = remembered(def, Observation{Memory: Memory{Base: 2}, Now: o.Now, CurrentReplicas: 3, GPUs: o.GPUs, ContainerWorkloads: o.ContainerWorkloads})
+		o.Memory.Base = 2 // the operator's count: the job's replica is the tuner's own
+		o.Memory = remembered(def, o)
 		o.Pending = []PendingPod{{Workload: "Job/batch/job", Replicas: 1, Since: now.Add(-15 * time.Second)}}
 		d, mem := Round(def, o)
 		o.Memory = mem
