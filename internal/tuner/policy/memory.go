@@ -219,6 +219,21 @@ func (w WorkloadMemory) PeakBy(age time.Duration) uint64 {
 	return below
 }
 
+// seenBy is the most any container of the workload held at an age in the
+// same PeakByAge bucket as age or an earlier one: PeakBy without the line
+// drawn inside the bucket. A pod holding no more than that is where the
+// record has seen pods of its age, whatever the line says.
+func (w WorkloadMemory) seenBy(age time.Duration) uint64 {
+	var most uint64
+	for i, b := range w.PeakByAge {
+		if i >= len(ageBounds) || ageBounds[i] > age {
+			break
+		}
+		most = max(most, b)
+	}
+	return most
+}
+
 // atAge folds bytes used at age into the record.
 func (w *WorkloadMemory) atAge(age time.Duration, bytes uint64) {
 	if len(w.PeakByAge) < len(ageBounds) {

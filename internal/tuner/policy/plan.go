@@ -163,7 +163,21 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 		r = max(r, cm.NeedBytes)
 	}
 	if ahead, now := w.PeakBy(age+horizon), w.PeakBy(age); ahead > now {
-		r = max(r, own+(ahead-now))
+		if _, measured := w.spread(); measured && own > now && own <= w.seenBy(age) {
+			// It is past the line drawn through its age's bucket but
+			// within what pods of that age held: it has done the growth
+			// the line still expects. A job that loads in its first 30 s
+			// was, 45 s in, at its 1.6 GiB and reserved at 2 GiB, the
+			// line's 1.2 GiB at 45 s taken as still to come; eight of an
+			// hourly burst so reserved held 3 GiB of a 16 GiB card that
+			// nobody would use, and its jobs waited for it. Only once two
+			// of its workload's pods ended: a stranger's record is itself,
+			// and what its line adds was the margin of a classroom's
+			// notebooks, priced as strangers and loading eleven minutes
+			// in (held-out seeds 67 and 71 OOMed after raises without it).
+			now = own
+		}
+		r = max(r, own+(ahead-min(ahead, now)))
 	}
 	if age < v.cfg.Window && w.Lifetime >= 2*v.cfg.Window {
 		// A pod of a workload whose pods run for hours may, in its first
