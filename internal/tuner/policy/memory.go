@@ -224,14 +224,11 @@ func (w WorkloadMemory) PeakBy(age time.Duration) uint64 {
 // drawn inside the bucket. A pod holding no more than that is where the
 // record has seen pods of its age, whatever the line says.
 func (w WorkloadMemory) seenBy(age time.Duration) uint64 {
-	var most uint64
-	for i, b := range w.PeakByAge {
-		if i >= len(ageBounds) || ageBounds[i] > age {
-			break
-		}
-		most = max(most, b)
+	upto := min(ageBucket(age)+1, len(w.PeakByAge))
+	if upto == 0 {
+		return 0
 	}
-	return most
+	return slices.Max(w.PeakByAge[:upto])
 }
 
 // atAge folds bytes used at age into the record.
