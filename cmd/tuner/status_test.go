@@ -104,6 +104,7 @@ func TestStatusBadFlags(t *testing.T) {
 		{[]string{"--exporter", "gpu-node-1"}, `"gpu-node-1": want NODE=URL`},
 		{[]string{"--exporter", "n=localhost:9846"}, `"localhost:9846" is not an http(s) URL`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--prometheus", "http://localhost:9090", "--prometheus.node-label", "k8s.node"}, `--prometheus.node-label "k8s.node" is not a label name`},
 	} {
 		var out, errOut bytes.Buffer
 		err := statusCommand(t.Context(), tc.args, &out, &errOut, time.Now)
