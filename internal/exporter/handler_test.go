@@ -28,10 +28,9 @@ const (
 var durationValue = regexp.MustCompile(`(?m)^(gpuslice_exporter_collect_duration_seconds\{[^}]*\}) \S+$`)
 
 type response struct {
-	status                 int
-	contentType, encoding  string
-	body                   string
-	contentLength, chunked bool
+	status                int
+	contentType, encoding string
+	body                  string
 }
 
 func serve(t *testing.T, h http.Handler, accept, encoding, query string) response {

@@ -57,7 +57,7 @@ func BenchmarkConfigChangeToListAPI(b *testing.B) {
 	if _, err := cs.CoreV1().Nodes().Create(b.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	h := start(b, setup{gpus: twoSpecs(), source: &KubeSource{Client: cs, Namespace: "gpu-system", Name: "device-plugin", NodeName: "n1", Logger: quietLogger}, quiet: true})
+	h := start(b, setup{gpus: twoSpecs(), source: &KubeSource{Client: cs, Namespace: "gpu-system", Name: "device-plugin", NodeName: "n1"}, quiet: true})
 	lists := map[int]string{2: want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)), 3: want(ids(uuid0, 0, 3), ids(uuid1, 0, 3))}
 	h.kubelet.waitList(gpuRes, lists[2])
 	n := 2

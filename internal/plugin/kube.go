@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,17 +41,12 @@ type KubeSource struct {
 	Client          kubernetes.Interface
 	Namespace, Name string // the ConfigMap
 	NodeName        string
-	DefaultKey      string // used when the node has no label
-	Logger          *slog.Logger
+	DefaultKey      string               // used when the node has no label
 	Recorder        record.EventRecorder // nil: events go to the API server
 }
 
 // Run implements Source.
 func (s *KubeSource) Run(ctx context.Context, apply func(Update) error) error {
-	log := s.Logger
-	if log == nil {
-		log = slog.Default()
-	}
 	rec := s.Recorder
 	if rec == nil {
 		b := record.NewBroadcaster(record.WithContext(ctx))

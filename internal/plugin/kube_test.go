@@ -34,7 +34,7 @@ func TestKubeSource(t *testing.T) {
 	}
 
 	h := start(t, setup{gpus: twoSpecs(), source: &KubeSource{
-		Client: cs, Namespace: "gpu-system", Name: "device-plugin", NodeName: "gpu-node-1", DefaultKey: "four", Logger: testLogger(t),
+		Client: cs, Namespace: "gpu-system", Name: "device-plugin", NodeName: "gpu-node-1", DefaultKey: "four",
 	}})
 	e := h.kubelet.endpoint(gpuRes)
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))

@@ -139,16 +139,16 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "  %s\n", simnode.PyTorchOOM[:76]+"…")
-	m, err := waitScrape(ctx, url, func(m map[string]*dto.MetricFamily) bool {
+	if _, err := waitScrape(ctx, url, func(m map[string]*dto.MetricFamily) bool {
 		return m["gpuslice_gpu_oom_events_total"] != nil
-	})
-	if err != nil {
+	}); err != nil {
 		return fmt.Errorf("%w (exporter log: %s)", err, logPath)
 	}
 	if _, err := loop.until(ctx, 20*time.Second, func(d policy.Decision) bool { return d.Direction == "down" }); err != nil {
 		return err
 	}
-	if m, err = scrape(ctx, url); err != nil {
+	m, err := scrape(ctx, url)
+	if err != nil {
 		return err
 	}
 	fmt.Fprintln(out)

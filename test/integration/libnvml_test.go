@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -21,12 +20,6 @@ import (
 	"github.com/gpuslice/gpuslice/internal/gpu/sim"
 	"github.com/gpuslice/gpuslice/internal/testproc"
 )
-
-// repoRoot is the repository root, found from this file.
-func repoRoot(t testing.TB) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
 
 // hackBuild runs a hack/ build script and returns the path it made.
 func hackBuild(t testing.TB, script string) string { return testproc.Hack(t, script) }

@@ -108,9 +108,6 @@ func (s *memoryStore) get(node string) policy.Memory { return s.nodes[node] }
 
 func (s *memoryStore) put(node string, mem policy.Memory) { s.nodes[node] = mem }
 
-// forget drops the record of a node that no longer exists.
-func (s *memoryStore) forget(node string) { delete(s.nodes, node) }
-
 // save writes the records that changed. exists says whether a node is still
 // in the cluster: a deleted node's key is removed.
 func (s *memoryStore) save(ctx context.Context, now time.Time, exists func(string) bool) error {

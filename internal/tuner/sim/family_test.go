@@ -41,14 +41,13 @@ type familyPod struct {
 // family builds one trace. Every random choice comes from its own seeded
 // source, so a trace is the same on every machine and for every Go release.
 type family struct {
-	name, about    string
-	total          uint64
-	initial        int
-	duration       time.Duration
-	pods           []familyPod
-	rng            *rand.Rand
-	seq            map[string]int
-	startsAt, step time.Duration
+	name, about string
+	total       uint64
+	initial     int
+	duration    time.Duration
+	pods        []familyPod
+	rng         *rand.Rand
+	seq         map[string]int
 }
 
 func newFamily(name, about string, total uint64, initial int, duration time.Duration, seed uint64) *family {
