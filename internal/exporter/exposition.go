@@ -55,7 +55,7 @@ func samplePrefix(sr *series) []byte {
 		}
 		b.WriteString(f.labels[i])
 		b.WriteString(`="`)
-		valueEscaper.WriteString(&b, sr.values[i])
+		_, _ = valueEscaper.WriteString(&b, sr.values[i]) // a strings.Builder takes every write
 		b.WriteByte('"')
 	}
 	if len(f.byName) > 0 {

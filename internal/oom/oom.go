@@ -357,7 +357,7 @@ func (d *Detector) checkRoot() error {
 		// Open succeeds on a plain file or an unlistable directory; reading
 		// one name shows that the directory can really be listed.
 		_, err = f.Readdirnames(1)
-		f.Close()
+		_ = f.Close() // read only: nothing to flush
 		if errors.Is(err, io.EOF) {
 			err = nil
 		}

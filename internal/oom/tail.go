@@ -144,7 +144,7 @@ func readDirNames(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // read only: nothing to flush
 	return f.Readdirnames(-1)
 }
 
@@ -354,7 +354,7 @@ func (d *Detector) readFile(sc *scan, st *stream, tf *tailFile) (done, gone bool
 		// one for ever; give it up.
 		return tf != st.cur, false
 	}
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // read only: nothing to flush
 	fi, err := f.Stat()
 	if err != nil {
 		d.logStream(sc, st, "reading log file", "path", tf.path, "err", err)

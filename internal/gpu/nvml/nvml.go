@@ -790,7 +790,7 @@ func (b *Backend) registerXidEvents() *xidReader {
 	n, ret := b.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		b.log.Warn("nvml: cannot count GPUs; Xid errors will not be counted", "error", ret.Error())
-		set.Free()
+		b.freeUnused(set)
 		return nil
 	}
 	r := &xidReader{set: set, gpus: make(map[string]int), stop: make(chan struct{}), done: make(chan struct{})}
@@ -823,10 +823,19 @@ func (b *Backend) registerXidEvents() *xidReader {
 		r.gpus[uuid] = i
 	}
 	if len(r.gpus) == 0 {
-		set.Free()
+		b.freeUnused(set)
 		return nil
 	}
 	return r
+}
+
+// freeUnused frees an event set no GPU reports on. A failure leaks one
+// driver handle and changes nothing the exporter reports, so it is only
+// logged.
+func (b *Backend) freeUnused(set nvml.EventSet) {
+	if ret := set.Free(); ret != nvml.SUCCESS {
+		b.log.Warn("nvml: cannot free the unused event set", "error", ret.Error())
+	}
 }
 
 // readXidEvents waits on r's event set until r is stopped. NVML's wait
