@@ -7,6 +7,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	nvmlbackend "github.com/gpuslice/gpuslice/internal/gpu/nvml"
 )
@@ -30,7 +31,7 @@ func TestNVMLReadingFailureHealth(t *testing.T) {
 			server := dgxa100.New()
 			server.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
 			for _, d := range server.Devices {
-				g := d.(*dgxa100.Device)
+				g := d.(*mockserver.Device)
 				g.GetSamplesFunc = func(nvml.SamplingType, uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) {
 					return nvml.VALUE_TYPE_UNSIGNED_INT, nil, nvml.ERROR_NOT_FOUND
 				}
@@ -40,7 +41,7 @@ func TestNVMLReadingFailureHealth(t *testing.T) {
 				g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
 				g.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.SUCCESS }
 			}
-			broken := server.Devices[2].(*dgxa100.Device)
+			broken := server.Devices[2].(*mockserver.Device)
 			broken.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, tc.power }
 			b, err := nvmlbackend.New(server, nvmlbackend.Options{Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpuslice/gpuslice/internal/gpu"
@@ -40,7 +40,7 @@ func orSuccess(r nvml.Return) nvml.Return {
 // enableMIG turns MIG on for g, with these MIG device slots. Every call the
 // backend may make on a MIG handle is set; any other call panics, as
 // go-nvml's mocks do.
-func enableMIG(g *dgxa100.Device, slots []*migSlot) {
+func enableMIG(g *mockserver.Device, slots []*migSlot) {
 	g.MigMode = nvml.DEVICE_MIG_ENABLE
 	g.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return len(slots), nvml.SUCCESS }
 	g.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {

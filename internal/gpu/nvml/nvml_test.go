@@ -13,6 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
@@ -29,8 +30,8 @@ var approx = cmpopts.EquateApprox(0, 1e-12)
 // node is a DGX A100 from go-nvml's mock with the calls dgxa100 leaves
 // unset filled in: every GPU idle, supported, with no process.
 type node struct {
-	*dgxa100.Server
-	gpus   []*dgxa100.Device
+	*mockserver.Server
+	gpus   []*mockserver.Device
 	events chan nvml.EventData
 	set    *mock.EventSet
 
@@ -45,7 +46,7 @@ func newNode(t testing.TB) *node {
 	t.Helper()
 	n := &node{Server: dgxa100.New(), events: make(chan nvml.EventData, 16)}
 	for i, d := range n.Devices {
-		g := d.(*dgxa100.Device)
+		g := d.(*mockserver.Device)
 		g.MemoryInfo.Used = uint64(i) * gib
 		g.MemoryInfo.Free = g.MemoryInfo.Total - g.MemoryInfo.Used
 		g.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
@@ -229,7 +230,7 @@ func TestSnapshot(t *testing.T) {
 func TestOneGPUFails(t *testing.T) {
 	tests := []struct {
 		name    string
-		breakIt func(n *node, g *dgxa100.Device)
+		breakIt func(n *node, g *mockserver.Device)
 		// wantErr is the NVML return the failure wraps; SUCCESS when the
 		// GPU must not fail.
 		wantErr  nvml.Return
@@ -238,21 +239,21 @@ func TestOneGPUFails(t *testing.T) {
 	}{
 		{
 			name: "memory info fails",
-			breakIt: func(_ *node, g *dgxa100.Device) {
+			breakIt: func(_ *node, g *mockserver.Device) {
 				g.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_GPU_IS_LOST }
 			},
 			wantErr: nvml.ERROR_GPU_IS_LOST, wantUUID: true,
 		},
 		{
 			name: "uuid fails",
-			breakIt: func(_ *node, g *dgxa100.Device) {
+			breakIt: func(_ *node, g *mockserver.Device) {
 				g.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_UNKNOWN }
 			},
 			wantErr: nvml.ERROR_UNKNOWN,
 		},
 		{
 			name: "handle fails",
-			breakIt: func(n *node, g *dgxa100.Device) {
+			breakIt: func(n *node, g *mockserver.Device) {
 				n.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 					if i == g.Index {
 						return nil, nvml.ERROR_GPU_IS_LOST
@@ -264,14 +265,14 @@ func TestOneGPUFails(t *testing.T) {
 		},
 		{
 			name: "temperature: GPU lost",
-			breakIt: func(_ *node, g *dgxa100.Device) {
+			breakIt: func(_ *node, g *mockserver.Device) {
 				g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_GPU_IS_LOST }
 			},
 			wantErr: nvml.ERROR_GPU_IS_LOST, wantUUID: true,
 		},
 		{
 			name: "temperature fails otherwise than unsupported: kept, no temperature",
-			breakIt: func(_ *node, g *dgxa100.Device) {
+			breakIt: func(_ *node, g *mockserver.Device) {
 				g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
 			},
 			check: func(t *testing.T, d gpu.Device) {
@@ -282,7 +283,7 @@ func TestOneGPUFails(t *testing.T) {
 		},
 		{
 			name: "process utilization: GPU lost",
-			breakIt: func(_ *node, g *dgxa100.Device) {
+			breakIt: func(_ *node, g *mockserver.Device) {
 				g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 					return []nvml.ProcessInfo{{Pid: 1, UsedGpuMemory: 1}}, nvml.SUCCESS
 				}
@@ -294,7 +295,7 @@ func TestOneGPUFails(t *testing.T) {
 		},
 		{
 			name: "optional readings unsupported",
-			breakIt: func(_ *node, g *dgxa100.Device) {
+			breakIt: func(_ *node, g *mockserver.Device) {
 				g.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED }
 				g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 				g.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
@@ -364,38 +365,38 @@ func TestOneGPUFails(t *testing.T) {
 // ret, and what the GPU reads when that reading gives nothing.
 type reading struct {
 	name  string // the call name the backend logs
-	fail  func(g *dgxa100.Device, ret nvml.Return)
+	fail  func(g *mockserver.Device, ret nvml.Return)
 	blank func(d *gpu.Device)
 }
 
 // optionalReadings are the readings a GPU comes back without. GPU 3 of
 // busyNode runs PID 7 (compute, with an SM sample) and PID 8 (graphics).
 var optionalReadings = []reading{
-	{"get name", func(g *dgxa100.Device, ret nvml.Return) {
+	{"get name", func(g *mockserver.Device, ret nvml.Return) {
 		g.GetNameFunc = func() (string, nvml.Return) { return "", ret }
 	}, func(d *gpu.Device) { d.Name = "" }},
-	{"get utilization", func(g *dgxa100.Device, ret nvml.Return) {
+	{"get utilization", func(g *mockserver.Device, ret nvml.Return) {
 		g.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, ret }
 	}, func(d *gpu.Device) { d.Utilization, d.Missing = 0, d.Missing|gpu.ReadingUtilization }},
 	// Without its samples the GPU still reads GetUtilizationRates.
-	{"get utilization samples", func(g *dgxa100.Device, ret nvml.Return) {
+	{"get utilization samples", func(g *mockserver.Device, ret nvml.Return) {
 		g.GetSamplesFunc = func(nvml.SamplingType, uint64) (nvml.ValueType, []nvml.Sample, nvml.Return) { return 0, nil, ret }
 	}, func(*gpu.Device) {}},
-	{"get temperature", func(g *dgxa100.Device, ret nvml.Return) {
+	{"get temperature", func(g *mockserver.Device, ret nvml.Return) {
 		g.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 0, ret }
 	}, func(d *gpu.Device) { d.TemperatureCelsius, d.Missing = 0, d.Missing|gpu.ReadingTemperature }},
-	{"get power usage", func(g *dgxa100.Device, ret nvml.Return) {
+	{"get power usage", func(g *mockserver.Device, ret nvml.Return) {
 		g.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, ret }
 	}, func(d *gpu.Device) { d.PowerWatts, d.Missing = 0, d.Missing|gpu.ReadingPower }},
-	{"get compute processes", func(g *dgxa100.Device, ret nvml.Return) {
+	{"get compute processes", func(g *mockserver.Device, ret nvml.Return) {
 		g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, ret }
 	}, func(d *gpu.Device) {
 		d.Processes = []gpu.Process{{PID: 8, UsedMemoryBytes: gib, HasSMUtilization: true}}
 	}},
-	{"get graphics processes", func(g *dgxa100.Device, ret nvml.Return) {
+	{"get graphics processes", func(g *mockserver.Device, ret nvml.Return) {
 		g.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, ret }
 	}, func(d *gpu.Device) { d.Processes = d.Processes[:1] }},
-	{"get process utilization", func(g *dgxa100.Device, ret nvml.Return) {
+	{"get process utilization", func(g *mockserver.Device, ret nvml.Return) {
 		g.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) { return nil, ret }
 	}, func(d *gpu.Device) {
 		d.Processes[0].SMUtilization, d.Processes[0].HasSMUtilization = 0, false
@@ -523,10 +524,10 @@ func TestOptionalReadingFailureLoggedOnce(t *testing.T) {
 	// An unsupported reading is normal, and logged once.
 	n.gpus[5].GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 
-	warned := func(g *dgxa100.Device, reading string) int {
+	warned := func(g *mockserver.Device, reading string) int {
 		return logs.count("level=WARN", g.UUID, `reading="`+reading+`"`)
 	}
-	recovered := func(g *dgxa100.Device, reading string) int {
+	recovered := func(g *mockserver.Device, reading string) int {
 		return logs.count("level=INFO", g.UUID, `reading="`+reading+`"`)
 	}
 	for range 3 {
@@ -668,7 +669,7 @@ func TestXidEvents(t *testing.T) {
 		}
 	}
 
-	xid := func(g *dgxa100.Device, code uint64) nvml.EventData {
+	xid := func(g *mockserver.Device, code uint64) nvml.EventData {
 		return nvml.EventData{Device: g, EventType: nvml.EventTypeXidCriticalError, EventData: code}
 	}
 	// Events are read in order: those not to be counted go first, so that

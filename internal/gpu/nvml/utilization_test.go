@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
@@ -44,7 +44,7 @@ func utilSample(ts uint64, percent uint32) nvml.Sample {
 }
 
 // install makes GPU g of a mock node answer from s.
-func (s *sharedGPU) install(g *dgxa100.Device) {
+func (s *sharedGPU) install(g *mockserver.Device) {
 	g.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
