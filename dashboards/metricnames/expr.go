@@ -351,14 +351,14 @@ func (s *scanner) matchers() error {
 	for {
 		s.skipSpace()
 		c := s.peek()
-		switch {
-		case c == '}':
+		switch c {
+		case '}':
 			s.pos++
 			return nil
-		case c == ',':
+		case ',':
 			s.pos++
 			continue
-		case c == 0:
+		case 0:
 			return fmt.Errorf("unterminated label matchers at offset %d", open)
 		}
 		var label string

@@ -127,7 +127,7 @@ func runPlugin(ctx context.Context, bin, dir, podResourcesSocket string, run plu
 	}
 	resp, err := client.Allocate(ctx, req)
 	if err != nil {
-		return res, fmt.Errorf("Allocate: %w", err)
+		return res, fmt.Errorf("the kubelet's Allocate call: %w", err)
 	}
 	res.Allocs = resp.ContainerResponses
 	if len(res.Allocs) > 0 {

@@ -182,10 +182,9 @@ func (a restartApplier) writeKey(ctx context.Context, from, to int, stamp string
 			return fmt.Errorf("%w: ConfigMap %s key %q has %d replicas, the decision saw %d", ErrStale, c.cfg.Apply.ConfigMap, c.cfg.Apply.Key, got, from)
 		}
 		src := sharedConfig(cm, f)
-		switch {
-		case to == 1:
+		if to == 1 {
 			cm.Annotations[AnnotationSharedConfig] = cm.Data[c.cfg.Apply.Key]
-		default:
+		} else {
 			delete(cm.Annotations, AnnotationSharedConfig)
 		}
 		if _, err := src.SetSharedReplicas(to); err != nil {
