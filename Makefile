@@ -13,7 +13,7 @@ COMMANDS := exporter tuner plugin
 GOTEST_FLAGS ?= -count=1 -timeout 45m
 VERSION ?= $(shell sed -n 's/^appVersion: "\(.*\)"/\1/p' deploy/helm/gpuslice/Chart.yaml)
 
-.PHONY: help build test test-deps unit bench bench-scrape test-gpu test-gpu-bundle demo lint fmt vet dashboards manifests test-bins image image-import image-docker clean
+.PHONY: help build test test-deps unit bench bench-scrape test-gpu test-gpu-bundle demo lint fmt vet golangci-lint dashboards manifests test-bins image image-import image-docker clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -47,6 +47,7 @@ test: test-deps ## the whole suite: unit, integration, real node, alerts, dashbo
 	  $(GO) test $(GOTEST_FLAGS) ./test/realnode/ >.cache/realnode-test.log 2>&1 & rn=$$!; \
 	  rc=0; \
 	  $(GO) vet ./... || rc=1; \
+	  bash hack/golangci-lint.sh || rc=1; \
 	  unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; rc=1; fi; \
 	  [ $$rc -ne 0 ] || $(GO) test $(GOTEST_FLAGS) $$($(GO) list ./... | grep -v '/test/realnode$$') || rc=1; \
 	  wait $$rn || rc=1; cat .cache/realnode-test.log; \
@@ -83,13 +84,16 @@ test-gpu-bundle: ## build test-gpu, the programs and node_exporter into .gpu/ fo
 	$(GO) build -trimpath -ldflags="-s -w" -o .gpu/nvmlcost ./hack/nvmlcost
 	@ne=$$(command -v $(NODE_EXPORTER) || true); if [ -n "$$ne" ]; then cp "$$ne" .gpu/node_exporter; else echo "no $(NODE_EXPORTER): the cost check will skip node_exporter"; fi
 
-lint: fmt vet ## gofmt and go vet
+lint: fmt vet golangci-lint ## gofmt, go vet and golangci-lint (.golangci.yml)
 
 fmt:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
 vet:
 	$(GO) vet ./...
+
+golangci-lint: ## golangci-lint alone (installed once from the Go module proxy into .cache/bin)
+	@bash hack/golangci-lint.sh
 
 dashboards: ## regenerate dashboards/*.json from the Go code
 	$(GO) run ./dashboards/cmd/gendashboards
