@@ -64,7 +64,10 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	if *output != "text" && *output != "json" {
 		return fmt.Errorf("%w: status: -o %q: want text or json", errUsage, *output)
 	}
-	if !validNodeLabel(*nodeLabel) {
+	// The label stands unquoted in RecentOOMQuery's by clause and matcher,
+	// so it must be a legacy name: promtool 2.42 fails to parse the query
+	// with k8s.node in it ("unexpected character: '.'").
+	if !model.LegacyValidation.IsValidLabelName(*nodeLabel) {
 		return fmt.Errorf("%w: status: --prometheus.node-label %q is not a label name PromQL takes unquoted ([a-zA-Z_][a-zA-Z0-9_]*)", errUsage, *nodeLabel)
 	}
 	client, err := kubeClient(*kubeconfig)
@@ -130,16 +133,9 @@ func RecentOOMQuery(nodeLabel string) string {
 		nodeLabel + `!=""}[1h])))`
 }
 
-// validNodeLabel says whether name can stand unquoted in RecentOOMQuery's
-// by clause and matcher: a legacy label name. A UTF-8 name such as
-// "k8s.node" is a label Prometheus 3 stores, but only quoted in PromQL.
-func validNodeLabel(name string) bool { return model.LegacyValidation.IsValidLabelName(name) }
-
-// recentOOMs asks Prometheus for RecentOOMQuery at now.
+// recentOOMs asks Prometheus for RecentOOMQuery at now; statusCommand has
+// checked nodeLabel.
 func recentOOMs(ctx context.Context, u, nodeLabel string, timeout time.Duration, now time.Time) (map[status.OOMKey]float64, error) {
-	if !validNodeLabel(nodeLabel) {
-		return nil, fmt.Errorf("--prometheus.node-label %q is not a label name PromQL takes unquoted", nodeLabel)
-	}
 	c, err := promapi.NewClient(promapi.Config{Address: u})
 	if err != nil {
 		return nil, fmt.Errorf("--prometheus %q: %w", u, err)
