@@ -1,5 +1,10 @@
 package oom
 
+import (
+	"regexp"
+	"strconv"
+)
+
 // Kind says what ran out when a GPU allocation failed, so that a consumer
 // such as the tuner can tell a full GPU, which fewer pods sharing it would
 // cure, from a limit the application set itself, which no replica count
@@ -52,6 +57,10 @@ type Signature struct {
 	Pattern  string
 	Software string
 	Kind     Kind
+	// Refine, where set, reads the kind from the figures the line itself
+	// gives, for a message that more than one cause prints; it answers
+	// Kind when the figures are missing.
+	Refine func(line []byte) Kind
 	// Example is a real log line, copied from Source, that Pattern matches.
 	Example string
 	Source  string
@@ -73,13 +82,6 @@ type Signature struct {
 var Catalogue = []Signature{
 	// Application caps.
 	{
-		Pattern:  `Allocation on device \d+ would exceed allowed memory`,
-		Software: "PyTorch, set_per_process_memory_fraction",
-		Kind:     KindProcessCap,
-		Example:  "Allocation on device 0 would exceed allowed memory. (out of memory)",
-		Source:   "https://github.com/EvilBT/ComfyUI_SLK_joy_caption_two/issues/28",
-	},
-	{
 		Pattern:  `No available memory for the cache blocks`,
 		Software: "vLLM (V0 engine start-up)",
 		Kind:     KindProcessCap,
@@ -93,6 +95,33 @@ var Catalogue = []Signature{
 		Kind:     KindProcessCap,
 		Example:  "(EngineCore_DP0 pid=1094) ValueError: To serve at least one request with the models's max seq len (262144), (24.0 GiB KV cache is needed, which is larger than the available KV cache memory (3.18 GiB). Based on the available memory, the estimated maximum model length is 34736. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
 		Source:   "https://github.com/vllm-project/vllm/issues/34076",
+	},
+	{
+		// The KV cache pool left after the weights, within
+		// --mem-fraction-static of the GPU, is empty.
+		Pattern:  `\bNot enough memory\. Please try to increase --mem-fraction-static\b`,
+		Software: "SGLang (start-up, KV cache pool)",
+		Kind:     KindProcessCap,
+		Example:  "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+		Source:   "https://github.com/sgl-project/sglang/issues/4330",
+	},
+	{
+		// CatBoost trains in a pool it takes at start (gpu_ram_part of the
+		// GPU); this is the pool running out, not the GPU. It names CUDA
+		// and an error, so it must come before the runtime error string.
+		Pattern:  `\bNCudaLib::TOutOfMemoryError\b`,
+		Software: "CatBoost (GPU training, its memory pool)",
+		Kind:     KindProcessCap,
+		Example:  "(NCudaLib::TOutOfMemoryError) /src/catboost/catboost/cuda/cuda_lib/memory_pool/stack_like_memory_pool.h:303: Error: Out of memory. Requested 8880 MB; Free 5902.061425 MB",
+		Source:   "https://github.com/catboost/catboost/issues/2750",
+	},
+	{
+		// RMM's pool resource at the maximum size the program gave it.
+		Pattern:  `\bpool_memory_resource\.hpp:\d+: Maximum pool size exceeded\b`,
+		Software: "RAPIDS Memory Manager (pool resource: cuDF, cuML, cupoch)",
+		Kind:     KindProcessCap,
+		Example:  "MemoryError: std::bad_alloc: RMM failure at:/home/adolf/cupoch/third_party/rmm/include/rmm/mr/device/pool_memory_resource.hpp:179: Maximum pool size exceeded",
+		Source:   "https://github.com/neka-nat/cupoch/issues/98",
 	},
 
 	// NVENC sessions.
@@ -116,6 +145,21 @@ var Catalogue = []Signature{
 
 	// A full device.
 	{
+		// PyTorch's cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF
+		// backend:cudaMallocAsync, ComfyUI's default) says this both when
+		// cudaMallocAsync fails, the GPU full, and when a fraction set with
+		// set_per_process_memory_fraction would be passed; the figures
+		// that tell which follow on lines of their own ("Free (according
+		// to CUDA)", "PyTorch limit"). Every report found was the GPU full
+		// (0 bytes to 7 MiB free by CUDA's account), and no fraction is
+		// set unless the program sets one: device.
+		Pattern:  `Allocation on device \d+ would exceed allowed memory`,
+		Software: "PyTorch (cudaMallocAsync backend)",
+		Kind:     KindDevice,
+		Example:  "Allocation on device 0 would exceed allowed memory. (out of memory)",
+		Source:   "https://github.com/EvilBT/ComfyUI_SLK_joy_caption_two/issues/28",
+	},
+	{
 		Pattern:  `on startup is less than desired GPU memory utilization`,
 		Software: "vLLM (start-up, memory held by other processes)",
 		Kind:     KindDevice,
@@ -129,6 +173,7 @@ var Catalogue = []Signature{
 		Pattern:        `CUDA out of memory(?:[.:]|\s*$)`,
 		Software:       "PyTorch caching allocator (all versions since 1.0)",
 		Kind:           KindDevice,
+		Refine:         torchKind,
 		Example:        "RuntimeError: CUDA out of memory. Tried to allocate 288.00 MiB (GPU 0; 2.00 GiB total capacity; 849.59 MiB already allocated; 87.44 MiB free; 326.41 MiB cached)",
 		Source:         "https://github.com/Rudrabha/Wav2Lip/issues/221",
 		NearMiss:       "If you encounter CUDA out of memory, try to set --tile with a smaller number.",
@@ -140,6 +185,7 @@ var Catalogue = []Signature{
 		Pattern:        `\btorch\.(?:cuda\.)?OutOfMemoryError\b`,
 		Software:       "PyTorch (torch.cuda.OutOfMemoryError 1.13+, torch.OutOfMemoryError 2.5+)",
 		Kind:           KindDevice,
+		Refine:         torchKind,
 		Example:        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 496.00 MiB. GPU 0 has a total capacty of 14.75 GiB of which 235.06 MiB is free. Process 20398 has 14.52 GiB memory in use.",
 		Source:         "https://github.com/FoundationVision/GenerateU/issues/10",
 		NearMiss:       "OpenJDK 64-Bit Server VM warning: INFO: os::commit_memory(0x00000000c5330000, 181207040, 0) failed; error='Cannot allocate memory' (errno=12)",
@@ -375,6 +421,125 @@ var Catalogue = []Signature{
 		Example:  "Out of memory error on GPU 0. Cannot allocate 3.125000GB memory on GPU 0, available memory is only 117.750000MB.",
 		Source:   "https://github.com/PaddlePaddle/PaddleOCR/issues/645",
 	},
+	{
+		// TGI's warm-up catches the CUDA OOM of its largest prefill batch
+		// and raises this instead.
+		Pattern:  `\bNot enough memory to handle \d+ prefill tokens\b`,
+		Software: "Hugging Face text-generation-inference (warm-up)",
+		Kind:     KindDevice,
+		Example:  "RuntimeError: Not enough memory to handle 4096 prefill tokens. You need to decrease `--max-batch-prefill-tokens`",
+		Source:   "https://github.com/huggingface/text-generation-inference/issues/1067",
+	},
+	{
+		Pattern:  `\bExecutor creation failed due to insufficient GPU memory\b`,
+		Software: "TensorRT-LLM (executor start-up)",
+		Kind:     KindDevice,
+		Example:  "[07/08/2025-19:47:15] [TRT-LLM] [RANK 1] [E] Failed to initialize executor on rank 1: Executor creation failed due to insufficient GPU memory.",
+		Source:   "https://github.com/NVIDIA/TensorRT-LLM/issues/5872",
+	},
+	{
+		Pattern:  `\bInsufficient VRAM for model and cache\b`,
+		Software: "ExLlamaV2 (loading with a cache)",
+		Kind:     KindDevice,
+		Example:  "RuntimeError: Insufficient VRAM for model and cache",
+		Source:   "https://github.com/turboderp-org/exllamav2/issues/383",
+	},
+	{
+		// rmm::out_of_memory from the CUDA resource itself (cudaMalloc
+		// failed), and thrust's allocation failure in its CUDA backend.
+		Pattern:        `\bout_of_memory: CUDA error at\b|\bparallel_for failed: out of memory\b|\bthrust::system::detail::bad_alloc\b`,
+		Software:       "RAPIDS Memory Manager and thrust (cuDF, cuML, XGBoost)",
+		Kind:           KindDevice,
+		Example:        "MemoryError: std::bad_alloc: out_of_memory: CUDA error at: /usr/local/miniconda3/envs/rapids-22.02/include/rmm/mr/device/cuda_memory_resource.hpp",
+		Source:         "https://github.com/NVIDIA/cudf/issues/10517",
+		NearMiss:       "XGBoostError: std::bad_alloc",
+		NearMissSource: "https://github.com/dmlc/xgboost/issues/1032",
+	},
+	{
+		// OpenCL's CL_MEM_OBJECT_ALLOCATION_FAILURE as boost.compute words
+		// it (LightGBM's GPU build).
+		Pattern:        `\bMemory Object Allocation Failure\b`,
+		Software:       "OpenCL through boost.compute (LightGBM GPU)",
+		Kind:           KindDevice,
+		Example:        "  what():  Memory Object Allocation Failure",
+		Source:         "https://github.com/lightgbm-org/LightGBM/issues/4480",
+		NearMiss:       "lightgbm.basic.LightGBMError: Out of Host Memory",
+		NearMissSource: "https://github.com/Kaggle/docker-python/pull/693",
+	},
+	{
+		Pattern:  `\bCritical error in pipeline: CUDA allocation failed\b|\bCan't allocate \d+ bytes on device \d+`,
+		Software: "NVIDIA DALI",
+		Kind:     KindDevice,
+		Example:  "Can't allocate 129499136 bytes on device 0.",
+		Source:   "https://github.com/NVIDIA/DALI/issues/1137",
+	},
+	{
+		Pattern:  `\bSystem is out of GPU and shared host memory\b`,
+		Software: "Blender Cycles",
+		Kind:     KindDevice,
+		Example:  "System is out of GPU and shared host memory",
+		Source:   "https://github.com/ynshung/blender-colab/issues/5",
+	},
+}
+
+// torchFigure is one size in PyTorch's OOM message as format_size writes
+// it ("0 bytes", "453.00 MiB", "17.69 GiB").
+const torchFigure = `(\d+(?:\.\d+)?) (bytes|KiB|MiB|GiB|TiB)`
+
+var (
+	torchTried = regexp.MustCompile(`Tried to allocate ` + torchFigure)
+	// The GPU's total and free memory by CUDA's account: "has a total
+	// capacity of T of which F is free" since 2.1 (2.1 spelt it "capacty"),
+	// "(GPU 0; T total capacity; ...; F free;" before.
+	torchTotal   = regexp.MustCompile(`total capac(?:i)?ty of ` + torchFigure + `|; ` + torchFigure + ` total capacity\b`)
+	torchFree    = regexp.MustCompile(`of which ` + torchFigure + ` is free|; ` + torchFigure + ` free;`)
+	torchAllowed = regexp.MustCompile(torchFigure + ` allowed;`)
+)
+
+// torchKind tells the two causes of PyTorch's caching-allocator OOM apart.
+// With a per-process fraction set (set_per_process_memory_fraction, the
+// opt-in docs/plugin.md gives a pod for its share), the message says what
+// it allows ("13.98 GiB allowed;"). When that is less than the GPU and the
+// GPU's free memory covered the request, the fraction refused it, not the
+// GPU: process-cap (seen on an H200 with PyTorch 2.11: "Tried to allocate
+// 16.78 GiB. GPU 0 has a total capacity of 139.80 GiB of which 138.77 GiB
+// is free. ... 13.98 GiB allowed;"). A GPU with less free than asked was
+// full, whatever the fraction ("of which 0 bytes is free. 50.00 GiB
+// allowed;", other tenants holding the card), and a fraction of the whole
+// card (TGI sets 1.0 by default: "3.12 MiB free; 22.20 GiB allowed" on a
+// 22.20 GiB card) caps nothing the GPU does not: device. Figures missing
+// or unread: device, as without a fraction.
+func torchKind(line []byte) Kind {
+	allowed, ok := torchBytes(torchAllowed.FindSubmatch(line))
+	if !ok {
+		return KindDevice
+	}
+	total, okT := torchBytes(torchTotal.FindSubmatch(line))
+	tried, okR := torchBytes(torchTried.FindSubmatch(line))
+	free, okF := torchBytes(torchFree.FindSubmatch(line))
+	// Both figures are rounded to two decimals: a fraction of 1 reads as
+	// the total give or take that.
+	if okT && okR && okF && allowed < 0.995*total && free >= tried {
+		return KindProcessCap
+	}
+	return KindDevice
+}
+
+var torchUnits = map[string]float64{"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+// torchBytes reads the first figure a torchFigure match captured.
+func torchBytes(m [][]byte) (float64, bool) {
+	for i := 1; i+1 < len(m); i += 2 {
+		if m[i] == nil {
+			continue
+		}
+		v, err := strconv.ParseFloat(string(m[i]), 64)
+		if err != nil {
+			return 0, false
+		}
+		return v * torchUnits[string(m[i+1])], true
+	}
+	return 0, false
 }
 
 // HostMemoryPattern marks lines about host memory. Some libraries report a

@@ -31,9 +31,9 @@ var realPositives = []realMessage{
 	{"THCudaCheck FAIL file=/opt/conda/conda-bld/pytorch_1513368888240/work/torch/lib/THC/generic/THCStorage.c line=82 error=2 : out of memory", "https://github.com/Cadene/vqa.pytorch/issues/47", KindDevice},
 	{"THCudaCheck FAIL file=/home/gpu/torch/extra/cutorch/lib/THC/generic/THCStorage.cu line=66 error=2 : out of memory", "https://github.com/torch/torch7/issues/1140", KindDevice},
 	{"...ayci/torch-distro/install/share/lua/5.1/cutorch/test.lua:483: cuda runtime error (2) : out of memory at /home/bozkalayci/torch-distro/extra/cutorch/lib/THC/THCStorage.cu:30", "https://github.com/torch/cunn/issues/117", KindDevice},
-	// PyTorch's per-process memory fraction.
-	{"Allocation on device 0 would exceed allowed memory. (out of memory)", "https://github.com/EvilBT/ComfyUI_SLK_joy_caption_two/issues/28", KindProcessCap},
-	{"Allocation on device 0 would exceed allowed memory. (out of memory)", "https://github.com/kijai/ComfyUI-FluxTrainer/issues/98", KindProcessCap},
+	// PyTorch's cudaMallocAsync backend (ComfyUI's default), the GPU full.
+	{"Allocation on device 0 would exceed allowed memory. (out of memory)", "https://github.com/EvilBT/ComfyUI_SLK_joy_caption_two/issues/28", KindDevice},
+	{"Allocation on device 0 would exceed allowed memory. (out of memory)", "https://github.com/kijai/ComfyUI-FluxTrainer/issues/98", KindDevice},
 	// TensorFlow GPU allocators.
 	{"OOM when allocating tensor with shape[3,3,512,1024] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc [Op:Mul]", "https://github.com/tensorflow/tensorflow/issues/47820", KindDevice},
 	{`ResourceExhaustedError (see above for traceback): OOM when allocating tensor with shape[123008,500] [[Node: training_10/Adam/mul_23 = Mul[T=DT_FLOAT, _device="/job:localhost/replica:0/task:0/device:GP`, "https://github.com/tensorflow/tensor2tensor/issues/782", KindDevice},
@@ -131,6 +131,45 @@ var realPositives = []realMessage{
 	{"ng30903:3063028:3066152 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes", "https://github.com/NVIDIA/nccl/issues/1235", KindDevice},
 	{"VM-0-16-ubuntu:392:494 [2] enqueue.cc:43 NCCL WARN Cuda failure 'out of memory'", "https://github.com/NVIDIA/TensorRT-LLM/issues/1670", KindDevice},
 	{"ins-7df6eojsifuykig9:3018451:3018451 [0] enqueue.cc:1085 NCCL WARN Cuda failure 'out of memory'", "https://github.com/PKU-YuanGroup/Open-Sora-Plan/issues/386", KindDevice},
+	// Servers, training libraries and media tools beyond the frameworks above.
+	{`RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.`, "https://github.com/sgl-project/sglang/issues/4330", KindProcessCap},
+	{"RuntimeError: Not enough memory to handle 4096 prefill tokens. You need to decrease `--max-batch-prefill-tokens`", "https://github.com/huggingface/text-generation-inference/issues/1067", KindDevice},
+	{"Error: Warmup(Generation(\"Not enough memory to handle 4096 prefill tokens. You need to decrease `--max-batch-prefill-tokens`\"))", "https://github.com/huggingface/text-generation-inference/issues/755", KindDevice},
+	{`[2026-02-24T20:21:58Z] (EngineCore_DP0 pid=6940) ValueError: Free memory on device cuda:1 (19.77/22.05 GiB) on startup is less than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.`, "https://github.com/pytorch/pytorch/issues/175666", KindDevice},
+	{`[TensorRT-LLM][ERROR] [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (/data/TensorRT-LLM/cpp/tensorrt_llm/runtime/tllmBuffers.h:112)`, "https://github.com/NVIDIA/TensorRT-LLM/issues/498", KindDevice},
+	{`RuntimeError: [TensorRT-LLM][ERROR] CUDA runtime error in error: out of memory (/home/jenkins/agent/workspace/LLM/main/L0_PostMerge/tensorrt_llm/cpp/tensorrt_llm/runtime/ipcUtils.cpp:48)`, "https://github.com/NVIDIA/TensorRT-LLM/issues/1060", KindDevice},
+	{`[07/08/2025-19:47:15] [TRT-LLM] [RANK 1] [E] Failed to initialize executor on rank 1: Executor creation failed due to insufficient GPU memory.`, "https://github.com/NVIDIA/TensorRT-LLM/issues/5872", KindDevice},
+	{`Model 'tensorrt_llm' loading failed with error: version 1 is at UNAVAILABLE state: Internal: unexpected error when creating modelInstanceState: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/tllmBuffers.h:112)`, "https://github.com/triton-inference-server/tensorrtllm_backend/issues/281", KindDevice},
+	{`[05/08/2024-20:47:56] [TRT] [E] 1: [defaultAllocator.cpp::allocate::19] Error Code 1: Cuda Runtime (out of memory)`, "https://github.com/pytorch/TensorRT/issues/2836", KindDevice},
+	{`RuntimeError: Insufficient VRAM for model and cache`, "https://github.com/turboderp-org/exllamav2/issues/383", KindDevice},
+	{`mlc-llm/tvm/src/runtime/cuda/cuda_device_api.cc:129: InternalError: Check failed: (e == cudaSuccess || e == cudaErrorCudartUnloading) is false: CUDA: out of memory`, "https://github.com/mlc-ai/mlc-llm/issues/1462", KindDevice},
+	{`RuntimeError: CUDA failed with error out of memory`, "https://github.com/SYSTRAN/faster-whisper/issues/442", KindDevice},
+	{`Processing Prompt [BLAS] (3584 / 5525 tokens)CUDA error: out of memory`, "https://github.com/LostRuins/koboldcpp/issues/612", KindDevice},
+	{`Error: llama runner process has terminated: CUDA error: out of memory`, "https://github.com/ollama/ollama/issues/9782", KindDevice},
+	{`mxnet.base.MXNetError: [18:53:03] src/storage/./pooled_storage_manager.h:157: cudaMalloc failed: out of memory`, "https://github.com/apache/mxnet/issues/17126", KindDevice},
+	{`MemoryError: std::bad_alloc: out_of_memory: CUDA error at: /usr/local/miniconda3/envs/rapids-22.02/include/rmm/mr/device/cuda_memory_resource.hpp`, "https://github.com/NVIDIA/cudf/issues/10517", KindDevice},
+	{`MemoryError: std::bad_alloc: RMM failure at:/home/adolf/cupoch/third_party/rmm/include/rmm/mr/device/pool_memory_resource.hpp:179: Maximum pool size exceeded`, "https://github.com/neka-nat/cupoch/issues/98", KindProcessCap},
+	{`  what():  parallel_for failed: out of memory`, "https://github.com/rapidsai/rmm/issues/130", KindDevice},
+	{`../src/tree/updater_gpu_hist.cu:784: Exception in gpu_hist: [11:01:50] ../src/c_api/../data/../common/device_helpers.cuh:431: Memory allocation error on worker 0: std::bad_alloc: cudaErrorMemoryAllocation: out of memory`, "https://github.com/dmlc/xgboost/issues/8484", KindDevice},
+	{`terminate called after throwing an instance of 'thrust::system::detail::bad_alloc'`, "https://github.com/dmlc/xgboost/issues/4184", KindDevice},
+	{`(NCudaLib::TOutOfMemoryError) /src/catboost/catboost/cuda/cuda_lib/memory_pool/stack_like_memory_pool.h:303: Error: Out of memory. Requested 8880 MB; Free 5902.061425 MB`, "https://github.com/catboost/catboost/issues/2750", KindProcessCap},
+	{`Application terminated with error: (NCudaLib::TOutOfMemoryError) catboost/cuda/cuda_lib/memory_pool/stack_like_memory_pool.h:294: Error: Out of memory. Requested 1070.546387; Free 1010.952393`, "https://github.com/catboost/catboost/issues/302", KindProcessCap},
+	{`  what():  Memory Object Allocation Failure`, "https://github.com/lightgbm-org/LightGBM/issues/4480", KindDevice},
+	{`RuntimeError: Critical error in pipeline: CUDA allocation failed`, "https://github.com/NVIDIA/DALI/issues/144", KindDevice},
+	{`Can't allocate 129499136 bytes on device 0.`, "https://github.com/NVIDIA/DALI/issues/1137", KindDevice},
+	{`cuvid: Failed cuvidCreateDecoder 2 (CUDA_ERROR_OUT_OF_MEMORY)`, "https://github.com/Nevcairiel/LAVFilters/issues/99", KindDevice},
+	{`  what():  OpenCV(3.4.13) /home/mwy/opencv-3.4.13/modules/core/src/cuda/gpu_mat.cu:116: error: (-217:Gpu API call) out of memory in function 'allocate'`, "https://github.com/xuhao1/VINS-Fisheye/issues/16", KindDevice},
+	{`System is out of GPU and shared host memory`, "https://github.com/ynshung/blender-colab/issues/5", KindDevice},
+	{`torch.cuda.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)`, "https://github.com/Comfy-Org/ComfyUI/issues/2021", KindDevice},
+	// PyTorch with a per-process fraction set ("allowed;"): its own cap when
+	// the GPU had the room, the GPU full otherwise (torchKind).
+	{`batch{batch_size=1}:prefill:prefill{id=13 size=1}:prefill{id=13 size=1}: lorax_client: router/client/src/lib.rs:33: Server error: CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 47.54 GiB total capacity; 23.68 GiB already allocated; 23.44 GiB free; 23.77 GiB allowed; 23.77 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF`, "https://github.com/predibase/lorax/pull/94", KindProcessCap},
+	{`2023-07-19T21:02:09.363452Z ERROR batch{batch_size=1}:prefill:prefill{id=9 size=1}:prefill{id=9 size=1}: text_generation_client: router/client/src/lib.rs:33: Server error: CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 22.20 GiB total capacity; 20.75 GiB already allocated; 3.12 MiB free; 22.20 GiB allowed; 20.86 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF`, "https://github.com/huggingface/text-generation-inference/issues/653", KindDevice},
+	{`OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB (GPU 3; 11.93 GiB total capacity; 10.67 GiB already allocated; 515.38 MiB free; 11.93 GiB allowed; 10.92 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF`, "https://github.com/pytorch/pytorch/issues/111729", KindDevice},
+	{`torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 GiB (GPU 0; 23.99 GiB total capacity; 7.85 GiB already allocated; 14.25 GiB free; 21.59 GiB allowed; 8.14 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF`, "https://github.com/zsyOAOA/ResShift/issues/13", KindDevice},
+	{`:infer:send_error: text_generation_router::infer: router/src/infer.rs:554: Request failed during generation: Server error: CUDA out of memory. Tried to allocate 16.00 MiB (GPU 0; 22.20 GiB total capacity; 20.75 GiB already allocated; 5.12 MiB free; 22.20 GiB allowed; 20.86 GiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF`, "https://github.com/huggingface/text-generation-inference/issues/653", KindDevice},
+	{`torch.cuda.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)`, "https://github.com/AIFSH/ComfyUI-ChatTTS/issues/9", KindDevice},
+	{`torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)`, "https://github.com/richservo/rs-nodes/issues/4", KindDevice},
 }
 
 // realNegatives look like memory failures but are not GPU OOMs: host and
@@ -188,6 +227,25 @@ var realNegatives = []realMessage{
 	{"(train_rft pid=2657296) 2024-05-11 14:10:52.227 n176-080-198:2657296:2658232 [0] include/alloc.h:102 NCCL WARN Cuda failure 1 'invalid argument'", "https://github.com/NVIDIA/nccl/issues/1283", ""},
 	{"HCA-14: Test NCCL failure common.cu:1204 'unhandled cuda error (run with NCCL_DEBUG=INFO for details) / '", "https://github.com/NVIDIA/nccl-tests/issues/322", ""},
 	{"2018-04-19 09:42:36.892859: E tensorflow/stream_executor/cuda/cuda_driver.cc:967] failed to alloc 2304 bytes on host: CUDA_ERROR_UNKNOWN", "https://github.com/rishizek/tensorflow-deeplab-v3-plus/issues/8", ""},
+	// Near-misses from the same servers and libraries: other resources,
+	// host memory, pinned host buffers, warnings that are no failure.
+	// SGLang under load hands requests back to the queue and goes on.
+	{"[2025-03-07 21:49:33 TP13] Decode out of memory happened. #retracted_reqs: 1, #new_token_ratio: 0.1474 -> 0.1845", "https://github.com/sgl-project/sglang/issues/4184", ""},
+	{`[TensorRT-LLM][ERROR] CUDA runtime error in cudaSetDevice(device): invalid device ordinal (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/utils/sessionUtils.cpp:34)`, "https://github.com/NVIDIA/TensorRT-LLM/issues/1556", ""},
+	{`WARNING: [TRT]: Skipping tactic 3 due to insufficient memory on requested size of 4294967296 detected for tactic 0x0000000000000004.`, "https://github.com/marcoslucianops/DeepStream-Yolo/issues/366", ""},
+	{`[05:04:00] /home/local/llm/omniquant/mlc-llm/3rdparty/tvm/src/runtime/relax_vm/memory_manager.cc:115: InternalError: Check failed: (offset + needed_size <= this->buffer.size) is false: storage allocation failure, attempted to allocate 16785408 at offset 0 in region that is 16777216bytes`, "https://github.com/mlc-ai/mlc-llm/issues/860", ""},
+	{`ggml_cuda_host_malloc: failed to allocate 349659.17 MiB of pinned memory: out of memory`, "https://github.com/ollama/ollama/issues/8964", ""},
+	{`ggml_new_object: not enough space in the context's memory pool (needed 19176000, available 19136512)`, "https://github.com/leejet/stable-diffusion.cpp/issues/566", ""},
+	{`2023-03-20 20:38:19,874] [WARNING] [stage3.py:1939:step] 13 pytorch allocator cache flushes since last step. this happens when there is high memory pressure and is detrimental to performance. if this is happening frequently consider adjusting settings to reduce memory consumption. If you are unable to make the cache flushes go away consider adding torch.cuda.empty_cache() calls in your training loop to ensure that all ranks flush their caches at the same time`, "https://github.com/huggingface/peft/issues/194", ""},
+	{`XGBoostError: std::bad_alloc`, "https://github.com/dmlc/xgboost/issues/1032", ""},
+	{`  what():  /home/chris/Downloads/xgboost/src/predictor/gpu_predictor.cu(322): unspecified launch failure`, "https://github.com/dmlc/xgboost/issues/2874", ""},
+	{`lightgbm.basic.LightGBMError: Out of Host Memory`, "https://github.com/Kaggle/docker-python/pull/693", ""},
+	{`W0121 22:12:18.273157 1 pinned_memory_manager.cc:271] Unable to allocate pinned system memory, pinned memory pool will not be available: operation not supported`, "https://github.com/triton-inference-server/server/issues/7958", ""},
+	{`opencv/modules/core/src/cuda_host_mem.cpp:95: error: (-217:Gpu API call) out of memory in function 'allocate'`, "https://github.com/opencv/opencv/issues/23392", ""},
+	{`RuntimeError: CUDA error: an illegal memory access was encountered`, "https://github.com/evo-design/evo/issues/136", ""},
+	{`RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you tried to allocate 31850496000 bytes.`, "https://github.com/Comfy-Org/Nvidia_RTX_Nodes_ComfyUI/issues/13", ""},
+	{"triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 98304, Hardware limit: 49152. Reducing block sizes or `num_stages` may help.", "https://github.com/sasha0552/pascal-pkgs-ci/issues/50", ""},
+	{`[441280.839852] Out of memory: Killed process 698405 (python) total-vm:49978204kB, anon-rss:12918388kB, file-rss:68668kB, shmem-rss:53352kB, UID:1000 pgtables:49772kB oom_score_adj:0`, "https://github.com/ShengcaiLiao/QAConv/issues/19", ""},
 }
 
 func TestCatalogueEntries(t *testing.T) {
@@ -287,22 +345,27 @@ func TestDefaultPatternsHaveLiterals(t *testing.T) {
 // any other is KindUnknown.
 func TestCustomPatternKinds(t *testing.T) {
 	capPattern := Catalogue[0].Pattern
-	d, err := NewDetector(Config{Patterns: []string{capPattern, `GPU OOM in step`}})
+	if Catalogue[0].Kind != KindProcessCap {
+		t.Fatalf("the catalogue's first entry is of kind %q; the test wants a cap", Catalogue[0].Kind)
+	}
+	d, err := NewDetector(Config{Patterns: []string{capPattern, `CUDA out of memory`, `GPU OOM in step`}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for line, want := range map[string]Kind{
-		"Allocation on device 1 would exceed allowed memory. (out of memory)": KindProcessCap,
+		"ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.": KindProcessCap,
 		"GPU OOM in step 3": KindUnknown,
+		// A pattern outside the catalogue gets no refinement either.
+		"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 996.00 MiB. GPU 0 has a total capacity of 44.43 GiB of which 9.06 GiB is free. 17.69 GiB allowed;": KindUnknown,
 	} {
 		if got, ok := d.Classify(line); !ok || got != want {
 			t.Errorf("Classify(%q) = %q, %v; want %q, true", line, got, ok, want)
 		}
 	}
-	// The cap message raised as torch.OutOfMemoryError also matches the
-	// exception-class signature; the cap signature comes first and wins.
-	if got, _ := mustDetector(t).Classify("torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)"); got != KindProcessCap {
-		t.Errorf("the per-process cap raised as torch.OutOfMemoryError is of kind %q, want %q", got, KindProcessCap)
+	// The cudaMallocAsync message raised as torch.OutOfMemoryError matches
+	// both PyTorch signatures, and is of kind device either way.
+	if got, _ := mustDetector(t).Classify("torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)"); got != KindDevice {
+		t.Errorf("the cudaMallocAsync message raised as torch.OutOfMemoryError is of kind %q, want %q", got, KindDevice)
 	}
 	// Host memory lines stay out whatever the patterns.
 	if d, _ := NewDetector(Config{Patterns: []string{`out of memory`}}); d.Match("WARNING: failed to allocate 1024.00 MB of pinned memory: out of memory") {
@@ -317,4 +380,26 @@ func mustDetector(t *testing.T) *Detector {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// torchKind reads PyTorch's own figures; the ROCm build prints the same
+// message with HIP for CUDA, and its lines test the reading as well.
+func TestTorchKind(t *testing.T) {
+	for _, c := range []struct {
+		line, source string
+		want         Kind
+	}{
+		{"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 16.78 GiB. GPU 0 has a total capacity of 139.80 GiB of which 138.77 GiB is free. Process 811 has 528.00 MiB memory in use. Including non-PyTorch memory, this process has 518.00 MiB memory in use. 13.98 GiB allowed; Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated.", "make test-gpu on an H200, PyTorch 2.11 (docs/real-gpu.md)", KindProcessCap},
+		{"`torch.OutOfMemoryError: HIP out of memory. Tried to allocate 76.00 MiB. GPU 0 has a total capacity of 255.69 GiB of which 252.97 GiB is free. 1.20 GiB allowed; Of the allocated memory 1.14 GiB is allocated by PyTorch, with 17.00 MiB allocated in private pools (e.g., HIP Graphs), and 18.63 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)`", "https://github.com/pytorch/pytorch/pull/164000", KindProcessCap},
+		{`2025-11-14T09:33:56.2332545Z FAILED [0.0003s] external-builds/pytorch/pytorch/test/test_autograd.py::TestAutogradDeviceTypeCUDA::test_parameter_resize_cuda - torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 23.41 GiB of which 21.22 GiB is free. 1.05 GiB allowed; Of the allocated memory 1017.01 MiB is allocated by PyTorch, with 17.00 MiB allocated in private pools (e.g., HIP Graphs), and 54.99 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)`, "https://github.com/ROCm/TheRock/issues/2118", KindProcessCap},
+		// No fraction: the GPU, whatever the figures.
+		{"torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 496.00 MiB. GPU 0 has a total capacty of 14.75 GiB of which 235.06 MiB is free. Process 20398 has 14.52 GiB memory in use.", "https://github.com/FoundationVision/GenerateU/issues/10", KindDevice},
+		{"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.78 GiB. GPU 0 has a total capacity of 31.47 GiB of which 12.73 GiB is free. Including non-PyTorch memory, this process has 18.73 GiB memory in use. Of the allocated memory 9.08 GiB is allocated by PyTorch, and 9.35 GiB is reserved by PyTorch but unallocated.", "https://github.com/murong-xu/CADS/issues/4", KindDevice},
+		// A fraction, but the figures cut off before the GPU's: unread.
+		{"CUDA out of memory. Tried to allocate 2.00 MiB. 23.77 GiB allowed;", "the lorax line below, cut", KindDevice},
+	} {
+		if got := torchKind([]byte(c.line)); got != c.want {
+			t.Errorf("torchKind(%q) (%s) = %q, want %q", c.line, c.source, got, c.want)
+		}
+	}
 }

@@ -35,6 +35,8 @@ type matcher struct {
 	// only for a line that matched, to say which kind it is.
 	each  []*regexp.Regexp
 	kinds []Kind
+	// refine[i], where not nil, is pattern i's Signature.Refine.
+	refine []func([]byte) Kind
 }
 
 // minLiteral is the shortest literal worth a prefilter: shorter ones occur
@@ -48,8 +50,12 @@ func newMatcher(patterns []string) (*matcher, error) {
 		return nil, fmt.Errorf("%w: the pattern list is empty", ErrBadPattern)
 	}
 	kindOf := make(map[string]Kind, len(Catalogue))
+	refineOf := make(map[string]func([]byte) Kind, len(Catalogue))
 	for _, s := range Catalogue {
 		kindOf[s.Pattern] = s.Kind
+		if s.Refine != nil {
+			refineOf[s.Pattern] = s.Refine
+		}
 	}
 	m := &matcher{host: hostMemory}
 	parts := make([]string, len(patterns))
@@ -63,6 +69,7 @@ func newMatcher(patterns []string) (*matcher, error) {
 		}
 		m.each = append(m.each, re)
 		m.kinds = append(m.kinds, kindOf[p]) // KindUnknown if not catalogued
+		m.refine = append(m.refine, refineOf[p])
 		parts[i] = "(?:" + p + ")"
 		own[i] = requiredLiterals(p)
 		if own[i] == nil {
@@ -116,6 +123,9 @@ func (m *matcher) kind(b []byte) Kind {
 	i, _ := m.first(b)
 	if i < 0 {
 		return KindUnknown
+	}
+	if r := m.refine[i]; r != nil {
+		return r(b)
 	}
 	return m.kinds[i]
 }
