@@ -549,25 +549,38 @@ func (e *env) checkShares(ctx context.Context, k int) row {
 }
 
 // checkOOMs runs, side by side, one process per framework that runs out
-// of GPU memory, and checks the exporter counts each once (with the kind
-// the catalogue gives it, where the exporter labels one).
+// of GPU memory, and checks the exporter counts each once, with the kind
+// the catalogue gives it. PyTorch runs three ways: the GPU's memory twice
+// over with its default allocator and with its cudaMallocAsync backend
+// (whose message does not name the GPU), and past a per-process fraction
+// with the GPU free, which is the process's own cap.
 func (e *env) checkOOMs(ctx context.Context) []row {
 	defer e.node.removePods()
 	type run struct {
-		mod, mode string
-		p         *pod
-		err       string
+		name, mode, kind string
+		p                *pod
+		err              string
 	}
 	var runs []*run
 	var rows []row
-	for _, fw := range []struct{ mod, mode string }{{"torch", "oom-torch"}, {"jax", "oom-jax"}, {"cupy", "oom-cupy"}, {"numba", "oom-numba"}} {
+	for _, fw := range []struct {
+		mod, name, mode, kind string
+		env                   []string
+	}{
+		{"torch", "torch", "oom-torch", "device", nil},
+		{"torch", "torch, cudaMallocAsync", "oom-torch-async", "device", []string{"PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"}},
+		{"torch", "torch, past its own fraction", "oom-torch-cap", "process-cap", nil},
+		{"jax", "jax", "oom-jax", "device", nil},
+		{"cupy", "cupy", "oom-cupy", "device", nil},
+		{"numba", "numba", "oom-numba", "device", nil},
+	} {
 		if !hasModule(e.o.python, fw.mod) {
-			rows = append(rows, row{"OOM counted once: " + fw.mod, skip, fw.mod + " not installed"})
+			rows = append(rows, row{"OOM counted once: " + fw.name, skip, fw.mod + " not installed"})
 			continue
 		}
-		r := &run{mod: fw.mod, mode: fw.mode}
+		r := &run{name: fw.name, mode: fw.mode, kind: fw.kind}
 		var err error
-		if r.p, err = e.node.addPod("oom-"+fw.mod, nil, fw.mode); err != nil {
+		if r.p, err = e.node.addPod(fw.mode, fw.env, fw.mode); err != nil {
 			r.err = err.Error()
 		}
 		runs = append(runs, r)
@@ -614,22 +627,21 @@ func (e *env) checkOOMs(ctx context.Context) []row {
 		return append(rows, row{"OOM counted once", fail, err.Error()})
 	}
 	for _, r := range runs {
-		name := "OOM counted once: " + r.mod
+		name := "OOM counted once: " + r.name
 		if r.err != "" {
 			rows = append(rows, row{name, fail, r.err})
 			continue
 		}
 		n, kinds := counted(m, r.p)
 		line := lastOOMLine(r.p.logFile)
-		if n != 1 {
+		switch {
+		case n != 1:
 			rows = append(rows, row{name, fail, fmt.Sprintf("counted %.0f, want 1; log: %s", n, line)})
-			continue
+		case kinds != r.kind:
+			rows = append(rows, row{name, fail, fmt.Sprintf("1 of kind %q, want %q: %s", kinds, r.kind, line)})
+		default:
+			rows = append(rows, row{name, pass, "1 (kind " + kinds + "): " + line})
 		}
-		detail := "1"
-		if kinds != "" {
-			detail += " (kind " + kinds + ")"
-		}
-		rows = append(rows, row{name, pass, detail + ": " + line})
 	}
 	return rows
 }

@@ -9,6 +9,10 @@ would hold it), 2 on anything else.
     python3 workload.py busy-torch SECONDS         # matmul loop, SM busy
     python3 workload.py hold-busy-torch GIB SECONDS  # both
     python3 workload.py oom-torch | oom-jax | oom-cupy | oom-numba
+    python3 workload.py oom-torch-cap     # 0.12 of the GPU past a fraction of 0.1
+        # (torch.cuda.set_per_process_memory_fraction) with the GPU free
+    python3 workload.py oom-torch-async   # the GPU's memory twice over, with
+        # PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync set by test-gpu
     python3 workload.py jax-share GIB              # platform, then allocate GIB
     python3 workload.py jax-optin GIB              # the same, after passing
         # GPUSLICE_GPU_MEMORY_FRACTION to JAX as docs/plugin.md says to
@@ -56,6 +60,18 @@ def oom_torch():
     free, total = torch.cuda.mem_get_info()
     try:
         torch.empty(total * 2, dtype=torch.uint8, device="cuda")
+    except torch.cuda.OutOfMemoryError:
+        traceback.print_exc(file=sys.stdout)
+        return 3
+    return 0
+
+
+def oom_torch_cap():
+    import torch
+    torch.cuda.set_per_process_memory_fraction(0.1)
+    free, total = torch.cuda.mem_get_info()
+    try:
+        torch.empty(int(total * 0.12), dtype=torch.uint8, device="cuda")
     except torch.cuda.OutOfMemoryError:
         traceback.print_exc(file=sys.stdout)
         return 3
@@ -145,6 +161,10 @@ def main(argv):
         if mode == "hold-busy-torch":
             return busy_torch(float(argv[3]), float(argv[2]))
         if mode == "oom-torch":
+            return oom_torch()
+        if mode == "oom-torch-cap":
+            return oom_torch_cap()
+        if mode == "oom-torch-async":
             return oom_torch()
         if mode == "oom-jax":
             return oom_jax()
