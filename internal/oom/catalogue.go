@@ -1,6 +1,7 @@
 package oom
 
 import (
+	"bytes"
 	"regexp"
 	"strconv"
 )
@@ -61,6 +62,11 @@ type Signature struct {
 	// gives, for a message that more than one cause prints; it answers
 	// Kind when the figures are missing.
 	Refine func(line []byte) Kind
+	// Follow, where set, reads the kind from the lines that follow the
+	// message, for a message whose own line cannot say: given the lines
+	// after it so far (at most maxFollow), it answers true once they tell,
+	// and Kind stands until then.
+	Follow func(after [][]byte) (Kind, bool)
 	// Example is a real log line, copied from Source, that Pattern matches.
 	Example string
 	Source  string
@@ -149,13 +155,14 @@ var Catalogue = []Signature{
 		// backend:cudaMallocAsync, ComfyUI's default) says this both when
 		// cudaMallocAsync fails, the GPU full, and when a fraction set with
 		// set_per_process_memory_fraction would be passed; the figures
-		// that tell which follow on lines of their own ("Free (according
-		// to CUDA)", "PyTorch limit"). Every report found was the GPU full
-		// (0 bytes to 7 MiB free by CUDA's account), and no fraction is
-		// set unless the program sets one: device.
+		// that tell which follow on lines of their own, read by
+		// torchAsyncKind. Without them, device: every report found was the
+		// GPU full (0 bytes to 7 MiB free by CUDA's account), and no
+		// fraction is set unless the program sets one.
 		Pattern:  `Allocation on device \d+ would exceed allowed memory`,
 		Software: "PyTorch (cudaMallocAsync backend)",
 		Kind:     KindDevice,
+		Follow:   torchAsyncKind,
 		Example:  "Allocation on device 0 would exceed allowed memory. (out of memory)",
 		Source:   "https://github.com/EvilBT/ComfyUI_SLK_joy_caption_two/issues/28",
 	},
@@ -524,6 +531,53 @@ func torchKind(line []byte) Kind {
 	}
 	return KindDevice
 }
+
+// maxFollow bounds the lines a Follow reads after its message.
+const maxFollow = 8
+
+// torchAsyncKind reads the figures PyTorch's cudaMallocAsync backend
+// prints after its OOM line, one to a line:
+//
+//	Currently allocated     : 0 bytes
+//	Requested               : 16.78 GiB
+//	Device limit            : 139.80 GiB
+//	Free (according to CUDA): 138.77 GiB
+//	PyTorch limit (set by user-supplied memory fraction)
+//	                        : 13.98 GiB
+//
+// With no fraction set the limit reads 17179869184.00 GiB (the largest
+// uint64 in bytes). A limit below the device's with the request within
+// CUDA's free memory is the fraction refusing it: process-cap; otherwise
+// the GPU was full: device. It answers once the limit is read, device when
+// a figure before it was missing.
+func torchAsyncKind(after [][]byte) (Kind, bool) {
+	var requested, device, free float64
+	var okR, okD, okF bool
+	for i, l := range after {
+		label, value, _ := bytes.Cut(bytes.TrimSpace(l), []byte(":"))
+		label = bytes.TrimSpace(label)
+		switch {
+		case bytes.Equal(label, []byte("Requested")):
+			requested, okR = torchBytes(torchSize.FindSubmatch(value))
+		case bytes.Equal(label, []byte("Device limit")):
+			device, okD = torchBytes(torchSize.FindSubmatch(value))
+		case bytes.Equal(label, []byte("Free (according to CUDA)")):
+			free, okF = torchBytes(torchSize.FindSubmatch(value))
+		case bytes.HasPrefix(label, []byte("PyTorch limit")):
+			if i+1 >= len(after) {
+				return KindDevice, false // its value is on the next line
+			}
+			limit, okL := torchBytes(torchSize.FindSubmatch(after[i+1]))
+			if okR && okD && okF && okL && limit < 0.995*device && free >= requested {
+				return KindProcessCap, true
+			}
+			return KindDevice, true
+		}
+	}
+	return KindDevice, false
+}
+
+var torchSize = regexp.MustCompile(torchFigure)
 
 var torchUnits = map[string]float64{"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 

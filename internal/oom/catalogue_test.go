@@ -2,8 +2,10 @@ package oom
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // realMessage is a log line copied from a public issue, with where it was
@@ -402,4 +404,107 @@ func TestTorchKind(t *testing.T) {
 			t.Errorf("torchKind(%q) (%s) = %q, want %q", c.line, c.source, got, c.want)
 		}
 	}
+}
+
+// The figures PyTorch's cudaMallocAsync backend prints after its OOM line,
+// as they came: make test-gpu on an H200 with PyTorch 2.11 (docs/real-gpu.md),
+// past a fraction of 0.1 and asking for twice the GPU, and two reports.
+var (
+	asyncPastFraction = []string{
+		"Currently allocated     : 0 bytes",
+		"Requested               : 16.78 GiB",
+		"Device limit            : 139.80 GiB",
+		"Free (according to CUDA): 33.83 GiB",
+		"PyTorch limit (set by user-supplied memory fraction)",
+		"                        : 13.98 GiB",
+	}
+	asyncGPUFull = []string{
+		"Currently allocated     : 0 bytes",
+		"Requested               : 279.60 GiB",
+		"Device limit            : 139.80 GiB",
+		"Free (according to CUDA): 31.12 MiB",
+		"PyTorch limit (set by user-supplied memory fraction)",
+		"                        : 17179869184.00 GiB",
+	}
+)
+
+func TestTorchAsyncKind(t *testing.T) {
+	for _, c := range []struct {
+		source string
+		after  []string
+		want   Kind
+	}{
+		{"make test-gpu, past a fraction of 0.1", asyncPastFraction, KindProcessCap},
+		{"make test-gpu, twice the GPU", asyncGPUFull, KindDevice},
+		{"https://github.com/AIFSH/ComfyUI-ChatTTS/issues/9", []string{"Currently allocated     : 6.89 GiB", "Requested               : 320.00 MiB", "Device limit            : 23.69 GiB", "Free (according to CUDA): 2.94 MiB", "PyTorch limit (set by user-supplied memory fraction)", "                        : 17179869184.00 GiB"}, KindDevice},
+		{"https://github.com/richservo/rs-nodes/issues/4", []string{"Currently allocated     : 10.48 GiB", "Requested               : 21.81 GiB", "Device limit            : 15.93 GiB", "Free (according to CUDA): 0 bytes", "PyTorch limit (set by user-supplied memory fraction)", "                        : 17179869184.00 GiB"}, KindDevice},
+		// A fraction whose limit is read but a figure before it is not.
+		{"make test-gpu's lines without Free", slices.Delete(slices.Clone(asyncPastFraction), 3, 4), KindDevice},
+	} {
+		var after [][]byte
+		got, done := KindUnknown, false
+		for _, l := range c.after {
+			if done {
+				t.Errorf("%s: answered %q before %q", c.source, got, l)
+				break
+			}
+			after = append(after, []byte(l))
+			got, done = torchAsyncKind(after)
+		}
+		if !done || got != c.want {
+			t.Errorf("%s: torchAsyncKind = %q, %v; want %q, true", c.source, got, done, c.want)
+		}
+	}
+}
+
+// The lines after the message reach the event, in a log and in a
+// termination message; with none, or past a Scan, the line's own kind.
+func TestFollowingLines(t *testing.T) {
+	const msg = "torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)"
+	log := func(after []string) string {
+		s := cri(time.Second, "stderr", "F", msg)
+		for _, l := range after {
+			s += cri(time.Second, "stderr", "F", l)
+		}
+		return s
+	}
+	t.Run("log", func(t *testing.T) {
+		for _, c := range []struct {
+			name  string
+			after []string
+			want  Kind
+		}{
+			{"past a fraction", asyncPastFraction, KindProcessCap},
+			{"the GPU full", asyncGPUFull, KindDevice},
+			{"no figures", []string{"Traceback (most recent call last):"}, KindDevice},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				w, p, d := started(t, Config{})
+				w.write(p, noise(0, 2)+log(c.after)+noise(2*time.Second, 2))
+				evs := w.scan(d, []Container{trainer})
+				if len(evs) != 1 || evs[0].Kind != c.want {
+					t.Fatalf("events %+v, want one of kind %q", evs, c.want)
+				}
+			})
+		}
+	})
+	t.Run("figures in a later Scan", func(t *testing.T) {
+		w, p, d := started(t, Config{})
+		w.write(p, log(asyncPastFraction[:3]))
+		evs := w.scan(d, []Container{trainer})
+		w.write(p, cri(time.Second, "stderr", "F", asyncPastFraction[3])+cri(time.Second, "stderr", "F", asyncPastFraction[4])+cri(time.Second, "stderr", "F", asyncPastFraction[5]))
+		evs = append(evs, w.scan(d, []Container{trainer})...)
+		if len(evs) != 1 || evs[0].Kind != KindDevice {
+			t.Fatalf("events %+v, want one of kind device: it was returned before its figures came", evs)
+		}
+	})
+	t.Run("termination", func(t *testing.T) {
+		w := newWorld(t)
+		d := w.detector(Config{})
+		text := "Traceback (most recent call last):\n" + msg + "\n" + strings.Join(asyncPastFraction, "\n") + "\n"
+		evs := w.scan(d, nil, Termination{Container: trainer, Instance: 0, Reason: "Error", Message: text, ExitCode: 1, FinishedAt: t0.Add(time.Minute)})
+		if len(evs) != 1 || evs[0].Kind != KindProcessCap {
+			t.Fatalf("events %+v, want one of kind process-cap", evs)
+		}
+	})
 }

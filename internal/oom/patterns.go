@@ -35,8 +35,10 @@ type matcher struct {
 	// only for a line that matched, to say which kind it is.
 	each  []*regexp.Regexp
 	kinds []Kind
-	// refine[i], where not nil, is pattern i's Signature.Refine.
+	// refine[i] and follow[i], where not nil, are pattern i's
+	// Signature.Refine and Signature.Follow.
 	refine []func([]byte) Kind
+	follow []func([][]byte) (Kind, bool)
 }
 
 // minLiteral is the shortest literal worth a prefilter: shorter ones occur
@@ -51,10 +53,14 @@ func newMatcher(patterns []string) (*matcher, error) {
 	}
 	kindOf := make(map[string]Kind, len(Catalogue))
 	refineOf := make(map[string]func([]byte) Kind, len(Catalogue))
+	followOf := make(map[string]func([][]byte) (Kind, bool), len(Catalogue))
 	for _, s := range Catalogue {
 		kindOf[s.Pattern] = s.Kind
 		if s.Refine != nil {
 			refineOf[s.Pattern] = s.Refine
+		}
+		if s.Follow != nil {
+			followOf[s.Pattern] = s.Follow
 		}
 	}
 	m := &matcher{host: hostMemory}
@@ -70,6 +76,7 @@ func newMatcher(patterns []string) (*matcher, error) {
 		m.each = append(m.each, re)
 		m.kinds = append(m.kinds, kindOf[p]) // KindUnknown if not catalogued
 		m.refine = append(m.refine, refineOf[p])
+		m.follow = append(m.follow, followOf[p])
 		parts[i] = "(?:" + p + ")"
 		own[i] = requiredLiterals(p)
 		if own[i] == nil {
@@ -128,6 +135,16 @@ func (m *matcher) kind(b []byte) Kind {
 		return r(b)
 	}
 	return m.kinds[i]
+}
+
+// follower is the Signature.Follow of the pattern a matching line b
+// matched first, nil for none.
+func (m *matcher) follower(b []byte) func([][]byte) (Kind, bool) {
+	i, _ := m.first(b)
+	if i < 0 {
+		return nil
+	}
+	return m.follow[i]
 }
 
 // first returns the index of the first pattern that matches b, if b is a
@@ -238,10 +255,24 @@ func shortest(lits []string) int {
 // firstMatchingLine returns the first line of text that matches, trimmed for
 // an Event's Message, and its Kind.
 func (m *matcher) firstMatchingLine(text string) (string, Kind, bool) {
-	for line := range strings.Lines(text) {
-		if b := []byte(line); m.match(b) {
-			return m.excerpt(b), m.kind(b), true
+	lines := slices.Collect(strings.Lines(text))
+	for i, line := range lines {
+		b := []byte(line)
+		if !m.match(b) {
+			continue
 		}
+		kind := m.kind(b)
+		if f := m.follower(b); f != nil {
+			var after [][]byte
+			for _, l := range lines[i+1 : min(len(lines), i+1+maxFollow)] {
+				after = append(after, []byte(l))
+				if k, ok := f(after); ok {
+					kind = k
+					break
+				}
+			}
+		}
+		return m.excerpt(b), kind, true
 	}
 	return "", KindUnknown, false
 }

@@ -78,6 +78,18 @@ type scan struct {
 	names  []string // the directory's entries, listed again when stale
 	now    time.Time
 	events []Event
+	// follow reads the lines after an event's message whose kind they
+	// tell (Signature.Follow); nil when none is being read. Lines read
+	// in a later Scan come too late: the event has been returned.
+	follow *following
+}
+
+// following is an event of a scan waiting for the lines after its message.
+type following struct {
+	st    *stream
+	event int // index in scan.events
+	read  func([][]byte) (Kind, bool)
+	after [][]byte
 }
 
 func containerDir(root string, c Container) string {
@@ -488,6 +500,23 @@ func (d *Detector) line(sc *scan, st *stream, raw []byte) {
 
 func (d *Detector) text(sc *scan, st *stream, ts time.Time, text []byte) {
 	if d.matcher.match(text) {
+		n := len(sc.events)
 		sc.events = d.logEvent(sc.cs, st.instance, ts, text, sc.events)
+		sc.follow = nil
+		if f := d.matcher.follower(text); f != nil && len(sc.events) > n {
+			sc.follow = &following{st: st, event: n, read: f}
+		}
+		return
+	}
+	f := sc.follow
+	if f == nil || f.st != st {
+		return
+	}
+	f.after = append(f.after, bytes.Clone(text))
+	if k, ok := f.read(f.after); ok {
+		sc.events[f.event].Kind = k
+		sc.follow = nil
+	} else if len(f.after) >= maxFollow {
+		sc.follow = nil
 	}
 }

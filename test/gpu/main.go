@@ -550,10 +550,10 @@ func (e *env) checkShares(ctx context.Context, k int) row {
 
 // checkOOMs runs, side by side, one process per framework that runs out
 // of GPU memory, and checks the exporter counts each once, with the kind
-// the catalogue gives it. PyTorch runs three ways: the GPU's memory twice
-// over with its default allocator and with its cudaMallocAsync backend
-// (whose message does not name the GPU), and past a per-process fraction
-// with the GPU free, which is the process's own cap.
+// the catalogue gives it. PyTorch runs four ways: the GPU's memory twice
+// over, and past a per-process fraction with the GPU free (the process's
+// own cap), each with its default allocator and with its cudaMallocAsync
+// backend (whose message line is the same for both causes).
 func (e *env) checkOOMs(ctx context.Context) []row {
 	defer e.node.removePods()
 	type run struct {
@@ -570,6 +570,7 @@ func (e *env) checkOOMs(ctx context.Context) []row {
 		{"torch", "torch", "oom-torch", "device", nil},
 		{"torch", "torch, cudaMallocAsync", "oom-torch-async", "device", []string{"PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"}},
 		{"torch", "torch, past its own fraction", "oom-torch-cap", "process-cap", nil},
+		{"torch", "torch, cudaMallocAsync, past its own fraction", "oom-torch-async-cap", "process-cap", []string{"PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"}},
 		{"jax", "jax", "oom-jax", "device", nil},
 		{"cupy", "cupy", "oom-cupy", "device", nil},
 		{"numba", "numba", "oom-numba", "device", nil},

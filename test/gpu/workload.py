@@ -13,6 +13,7 @@ would hold it), 2 on anything else.
         # (torch.cuda.set_per_process_memory_fraction) with the GPU free
     python3 workload.py oom-torch-async   # the GPU's memory twice over, with
         # PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync set by test-gpu
+    python3 workload.py oom-torch-async-cap  # oom-torch-cap, the same backend
     python3 workload.py jax-share GIB              # platform, then allocate GIB
     python3 workload.py jax-optin GIB              # the same, after passing
         # GPUSLICE_GPU_MEMORY_FRACTION to JAX as docs/plugin.md says to
@@ -166,6 +167,8 @@ def main(argv):
             return oom_torch_cap()
         if mode == "oom-torch-async":
             return oom_torch()
+        if mode == "oom-torch-async-cap":
+            return oom_torch_cap()
         if mode == "oom-jax":
             return oom_jax()
         if mode == "oom-cupy":
