@@ -26,6 +26,13 @@
 //     count again from its termination, and an instance counted from its
 //     termination does not count again from its log.
 //
+// Kind: each event has the Kind of the catalogue signature its line
+// matched first. Where one message has more than one cause, the signature
+// reads the kind from the line's own figures (Signature.Refine) or from the
+// lines after it (Signature.Follow: PyTorch's cudaMallocAsync backend puts
+// its figures on lines of their own); those are read when the Scan that
+// counts the event reads them, and the signature's Kind stands otherwise.
+//
 // History is not counted: log files that exist at the first Scan are read
 // from their end, and terminations that finished before NewDetector are
 // ignored, so restarting the exporter does not fire alerts again.
