@@ -205,8 +205,39 @@ func runNVIDIA(t *testing.T, configs map[string]string, ds *appsv1.DaemonSet) {
 		setLabel(t, "")
 		// NVIDIA's plugin leaves nvidia.com/gpu devices that the kubelet keeps
 		// (unhealthy) until its next registration: wait for allocatable 0.
-		waitAllocatable(t, gpuRes, 0, 60*time.Second)
+		resetAllocatable(t, n, gpuRes)
 	})
+}
+
+// resetAllocatable waits for the kubelet to count none of res allocatable
+// once the plugins serving it are gone, as every later test starts from.
+// Once (a CI run of 2026-11-27, after TestTunerDrivesNVIDIAConfigManager)
+// the kubelet still counted the last NVIDIA plugin's 2 devices a minute
+// after its pod was gone, and each later test that starts from 0 failed on
+// it. Then what the device-plugin directory holds is logged and the kubelet
+// restarted, which leaves it no plugin registered; a count that is still
+// not 0 after that fails the test.
+func resetAllocatable(t *testing.T, n *realnode.Node, res corev1.ResourceName) {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got := allocatable(t, res)
+		if got == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			var names []string
+			entries, err := os.ReadDir(n.DevicePluginDir)
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			t.Logf("allocatable[%s] = %d a minute after its plugins' pods were gone (%s holds %v, %v); restarting the kubelet", res, got, n.DevicePluginDir, names, err)
+			break
+		}
+	}
+	if err := n.RestartKubelet(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitAllocatable(t, res, 0, 60*time.Second)
 }
 
 func logNVIDIAPods(t *testing.T) {
