@@ -524,9 +524,19 @@ func torchKind(line []byte) Kind {
 	total, okT := torchBytes(torchTotal.FindSubmatch(line))
 	tried, okR := torchBytes(torchTried.FindSubmatch(line))
 	free, okF := torchBytes(torchFree.FindSubmatch(line))
-	// Both figures are rounded to two decimals: a fraction of 1 reads as
-	// the total give or take that.
-	if okT && okR && okF && allowed < 0.995*total && free >= tried {
+	if okT && okR && okF {
+		return torchCap(allowed, total, free, tried)
+	}
+	return KindDevice
+}
+
+// torchCap is the rule both PyTorch readings share: a limit below the
+// GPU's total, with CUDA's free memory covering the request, is the
+// program's own fraction refusing it; anything else is the GPU full. The
+// figures are rounded to two decimals, so a fraction of 1 reads as the
+// total give or take that.
+func torchCap(limit, total, free, requested float64) Kind {
+	if limit < 0.995*total && free >= requested {
 		return KindProcessCap
 	}
 	return KindDevice
@@ -541,15 +551,14 @@ const maxFollow = 8
 //	Currently allocated     : 0 bytes
 //	Requested               : 16.78 GiB
 //	Device limit            : 139.80 GiB
-//	Free (according to CUDA): 138.77 GiB
+//	Free (according to CUDA): 33.83 GiB
 //	PyTorch limit (set by user-supplied memory fraction)
 //	                        : 13.98 GiB
 //
-// With no fraction set the limit reads 17179869184.00 GiB (the largest
-// uint64 in bytes). A limit below the device's with the request within
-// CUDA's free memory is the fraction refusing it: process-cap; otherwise
-// the GPU was full: device. It answers once the limit is read, device when
-// a figure before it was missing.
+// (an H200, past a fraction of 0.1). With no fraction set the limit reads
+// 17179869184.00 GiB (the largest uint64 in bytes). The kind is torchCap's;
+// it answers once the limit is read, device when a figure before it was
+// missing.
 func torchAsyncKind(after [][]byte) (Kind, bool) {
 	var requested, device, free float64
 	var okR, okD, okF bool
@@ -568,8 +577,8 @@ func torchAsyncKind(after [][]byte) (Kind, bool) {
 				return KindDevice, false // its value is on the next line
 			}
 			limit, okL := torchBytes(torchSize.FindSubmatch(after[i+1]))
-			if okR && okD && okF && okL && limit < 0.995*device && free >= requested {
-				return KindProcessCap, true
+			if okR && okD && okF && okL {
+				return torchCap(limit, device, free, requested), true
 			}
 			return KindDevice, true
 		}

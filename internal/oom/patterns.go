@@ -147,6 +147,21 @@ func (m *matcher) follower(b []byte) func([][]byte) (Kind, bool) {
 	return m.follow[i]
 }
 
+// lineReader feeds the lines after a message, one at a time, to its
+// Signature.Follow, in a log and in a termination message alike.
+type lineReader struct {
+	read  func([][]byte) (Kind, bool)
+	after [][]byte
+}
+
+// add reads the next line: the kind once the lines tell it (told), and
+// done once they did or maxFollow lines came.
+func (r *lineReader) add(line []byte) (kind Kind, told, done bool) {
+	r.after = append(r.after, bytes.Clone(line))
+	kind, told = r.read(r.after)
+	return kind, told, told || len(r.after) >= maxFollow
+}
+
 // first returns the index of the first pattern that matches b, if b is a
 // GPU OOM line; -1 with true when the patterns matched but there is no
 // prefilter to say which (the caller then asks each pattern).
@@ -263,11 +278,13 @@ func (m *matcher) firstMatchingLine(text string) (string, Kind, bool) {
 		}
 		kind := m.kind(b)
 		if f := m.follower(b); f != nil {
-			var after [][]byte
-			for _, l := range lines[i+1 : min(len(lines), i+1+maxFollow)] {
-				after = append(after, []byte(l))
-				if k, ok := f(after); ok {
+			r := lineReader{read: f}
+			for _, l := range lines[i+1:] {
+				k, told, done := r.add([]byte(l))
+				if told {
 					kind = k
+				}
+				if done {
 					break
 				}
 			}

@@ -88,8 +88,7 @@ type scan struct {
 type following struct {
 	st    *stream
 	event int // index in scan.events
-	read  func([][]byte) (Kind, bool)
-	after [][]byte
+	lineReader
 }
 
 func containerDir(root string, c Container) string {
@@ -503,8 +502,10 @@ func (d *Detector) text(sc *scan, st *stream, ts time.Time, text []byte) {
 		n := len(sc.events)
 		sc.events = d.logEvent(sc.cs, st.instance, ts, text, sc.events)
 		sc.follow = nil
-		if f := d.matcher.follower(text); f != nil && len(sc.events) > n {
-			sc.follow = &following{st: st, event: n, read: f}
+		if len(sc.events) > n {
+			if r := d.matcher.follower(text); r != nil {
+				sc.follow = &following{st: st, event: n, lineReader: lineReader{read: r}}
+			}
 		}
 		return
 	}
@@ -512,11 +513,11 @@ func (d *Detector) text(sc *scan, st *stream, ts time.Time, text []byte) {
 	if f == nil || f.st != st {
 		return
 	}
-	f.after = append(f.after, bytes.Clone(text))
-	if k, ok := f.read(f.after); ok {
+	k, told, done := f.add(text)
+	if told {
 		sc.events[f.event].Kind = k
-		sc.follow = nil
-	} else if len(f.after) >= maxFollow {
+	}
+	if done {
 		sc.follow = nil
 	}
 }
