@@ -38,8 +38,8 @@ type Pod struct {
 	Memory []MemoryStep
 	// Workload is the pod's workload key (what the controller derives from
 	// its owner: a Deployment, a CronJob, else its image), so that pods of
-	// one workload share a record; the pod's name when the trace leaves it
-	// out.
+	// one workload share a record; NameStem of the pod's name when the
+	// trace leaves it out.
 	Workload string
 }
 
@@ -81,7 +81,7 @@ type podFile struct {
 	Run    *time.Duration `yaml:"run"`
 	Memory []MemoryStep   `yaml:"memory"`
 	// Workload is optional (added after the first traces): old traces stay
-	// valid, each pod its own workload.
+	// valid, each pod the workload its name's stem names (NameStem).
 	Workload *string `yaml:"workload"`
 }
 
@@ -181,7 +181,7 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 					where, k, p.Memory[k].At, k-1, p.Memory[k-1].At)
 			}
 		}
-		wl := *p.Name
+		wl := NameStem(*p.Name)
 		if p.Workload != nil {
 			if *p.Workload == "" {
 				return nil, fail(line, "%s: workload is empty (leave it out to make the pod its own workload)", where)
@@ -211,4 +211,69 @@ func podLines(data []byte) []int {
 		}
 	}
 	return nil
+}
+
+// genSuffix is the alphabet of the random suffix Kubernetes gives a name
+// made from generateName (five characters) and of a ReplicaSet's
+// pod-template-hash: no vowels, and no 0, 1 or 3.
+const genSuffix = "bcdfghjklmnpqrstvwxz2456789"
+
+// NameStem is the workload key of a trace pod that has none: its name less
+// the run number or the generated parts at its end, read the way the
+// controller's workloadKey reads a pod's owner:
+//
+//   - a run number: "whisper-podcast-3" and "whisper-podcast-4" are both
+//     "whisper-podcast", a StatefulSet's "db-0" is "db";
+//   - a generateName suffix: "train-x7k2p" is "train";
+//   - and before such a suffix, a pod-template-hash or a CronJob's
+//     scheduled time: "web-5d8f7c9b6d-x7k2p" is "web",
+//     "backup-29012345-x7k2p" is "backup".
+//
+// The controller keys a pod no controller owns by its image, and the runs a
+// script numbers are runs of one image; a trace has names, not images, so
+// the name less its run number stands in for the image. Only one run
+// number goes: in "job-2-7" the 2 may tell one kind of job from another,
+// so it is "job-2". A name with nothing to strip is its own stem.
+func NameStem(name string) string {
+	stem, last := cutLast(name)
+	switch {
+	case last == "":
+		return name
+	case allIn(last, "0123456789"):
+		return stem
+	case len(last) != 5 || !allIn(last, genSuffix):
+		return name
+	}
+	// A generated suffix: what made the pod may have left its mark before
+	// it, as a ReplicaSet's hash or a CronJob's Job's scheduled time.
+	owner, mark := cutLast(stem)
+	if mark != "" && ((len(mark) >= 6 && len(mark) <= 10 && allIn(mark, genSuffix)) ||
+		(len(mark) >= 8 && allIn(mark, "0123456789"))) {
+		return owner
+	}
+	return stem
+}
+
+// cutLast splits name at its last '-', '_' or '.': what is before it and
+// what is after, or name and "" when there is no such separator past the
+// first character.
+func cutLast(name string) (string, string) {
+	i := strings.LastIndexAny(name, "-_.")
+	if i <= 0 {
+		return name, ""
+	}
+	return name[:i], name[i+1:]
+}
+
+// allIn reports whether s is not empty and every byte of s is in set.
+func allIn(s, set string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if strings.IndexByte(set, s[i]) < 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -37,6 +37,55 @@ pods:
 	}
 }
 
+// TestNameStem holds the key a trace pod with no workload gets: the runs a
+// script numbers share one (as the controller gives two bare pods of one
+// image one key), and a name is never cut to nothing or past its last
+// segment.
+func TestNameStem(t *testing.T) {
+	for name, want := range map[string]string{
+		"whisper-podcast-3":     "whisper-podcast",
+		"whisper-podcast-4":     "whisper-podcast",
+		"comfyui-sdxl-1":        "comfyui-sdxl",
+		"render_12":             "render",
+		"clip-index.2":          "clip-index",
+		"train-x7k2p":           "train",   // a generateName suffix
+		"db-0":                  "db",      // a StatefulSet's ordinal
+		"web-5d8f7c9b6d-x7k2p":  "web",     // a Deployment's pod
+		"backup-29012345-x7k2p": "backup",  // a CronJob's Job's pod
+		"train-4-x7k2p":         "train-4", // a run number is not a scheduled time
+		"job-2-7":               "job-2",   // one segment goes, not every numbered one
+		"clip-index-nightly":    "clip-index-nightly",
+		"whisper-batch":         "whisper-batch", // five letters, but a word
+		"qwen2-7b":              "qwen2-7b",
+		"ffmpeg-nvenc":          "ffmpeg-nvenc",
+		"yolo":                  "yolo",
+		"0415":                  "0415",
+		"-3":                    "-3",
+		"job-":                  "job-",
+	} {
+		if got := NameStem(name); got != want {
+			t.Errorf("NameStem(%q) = %q, want %q", name, got, want)
+		}
+	}
+	// In a trace, numbered runs with no workload share a record; a pod
+	// with a workload keeps it.
+	tr := mustParse(t, `gpu: {memoryTotalBytes: 25769803776}
+initialReplicas: 2
+duration: 4h
+pods:
+  - {name: render-1, arrive: 0s, run: 1h, memory: [[0s, 3221225472]]}
+  - {name: render-2, arrive: 1h, run: 1h, memory: [[0s, 3221225472]]}
+  - {name: render-3, workload: other, arrive: 1h, run: 1h, memory: [[0s, 3221225472]]}
+`)
+	var got []string
+	for _, p := range tr.Pods {
+		got = append(got, p.Workload)
+	}
+	if diff := cmp.Diff([]string{"render", "render", "other"}, got); diff != "" {
+		t.Errorf("workloads (-want +got):\n%s", diff)
+	}
+}
+
 func TestParseTraceErrors(t *testing.T) {
 	const head = "gpu: {memoryTotalBytes: 1000}\ninitialReplicas: 2\nduration: 1h\npods:\n"
 	pod := func(fields string) string { return head + "  - {name: p, " + fields + "}\n" }
