@@ -165,10 +165,12 @@ func TestRunShippedTraces(t *testing.T) {
 				tu.OOMEvents, tu.PodsNeverStarted, tu.PodSecondsPending, s5.OOMEvents, s5.PodsNeverStarted, s5.PodSecondsPending)
 		}
 		// Every job of the day started under the rules before issue 21; the
-		// objective prices a stranger at the largest pod that came and went
-		// within PeakHold, and the fine-tunes of the afternoon keep the
-		// evening's strangers waiting (docs/tuner-policy.md says so). It
-		// still waits far less than the operator's count.
+		// objective prices a stranger (a job's first run: the day's keyless
+		// jobs are keyed by their names' stems) at the largest pod that
+		// came and went within PeakHold, and the fine-tunes of the
+		// afternoon keep the evening's strangers waiting
+		// (docs/tuner-policy.md says so). It still waits far less than the
+		// operator's count.
 		if 2*tu.PodSecondsPending > s4.PodSecondsPending {
 			t.Errorf("tuner pending %.0f s, static:4 %.0f s: want at least twice less", tu.PodSecondsPending, s4.PodSecondsPending)
 		}
