@@ -34,7 +34,8 @@ type familyPod struct {
 	// which that bound leaves alone and shrinks the others' room by.
 	resident, reserved bool
 	// keyless leaves the workload key out of the trace, as a pod with no
-	// controller has none: the pod is its own workload.
+	// controller has none: the replay keys the pod by its name's stem
+	// (NameStem), as the controller keys it by its image.
 	keyless bool
 }
 

@@ -184,7 +184,7 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 		wl := NameStem(*p.Name)
 		if p.Workload != nil {
 			if *p.Workload == "" {
-				return nil, fail(line, "%s: workload is empty (leave it out to make the pod its own workload)", where)
+				return nil, fail(line, "%s: workload is empty (leave it out to key the pod by its name, NameStem)", where)
 			}
 			wl = *p.Workload
 		}
@@ -266,14 +266,4 @@ func cutLast(name string) (string, string) {
 }
 
 // allIn reports whether s is not empty and every byte of s is in set.
-func allIn(s, set string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if strings.IndexByte(set, s[i]) < 0 {
-			return false
-		}
-	}
-	return true
-}
+func allIn(s, set string) bool { return s != "" && strings.Trim(s, set) == "" }
