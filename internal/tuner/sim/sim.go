@@ -128,7 +128,10 @@ type Result struct {
 	OOMEvents int    `json:"oomEvents"`
 	// RaiseOOMEvents are the OOM events that a raise let happen: at each,
 	// more pods held replicas than the count before the policy's latest
-	// raise allowed. A static policy has none.
+	// raise allowed, and the pod that failed was one of those beyond it
+	// (the latest admitted since the raise) or would not have failed
+	// without them. A
+	// static policy has none.
 	RaiseOOMEvents int `json:"raiseOOMEvents"`
 	// PodSecondsPending is time pods waited for a replica, counting pods
 	// still waiting at the end up to the end.
@@ -262,8 +265,10 @@ type replay struct {
 	lastAt   time.Duration
 	oomSince bool
 	changed  time.Time
-	// beforeRaise is the count before the latest raise; 0 before any.
+	// beforeRaise is the count before the latest raise, decided at
+	// raisedAt; 0 before any.
 	beforeRaise int
+	raisedAt    time.Duration
 	mem         policy.Memory
 	workloads   map[string]string // pod name -> workload, read-only
 	samples     []policy.Sample
@@ -411,14 +416,51 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 	}
 	// The trace's OOM is by construction the GPU's total being passed: the
 	// exporter would report it as a full device.
+	if r.raiseLet(p, to) {
+		r.res.RaiseOOMEvents++
+	}
 	r.oom(p, t, policy.OOMDevice)
+}
+
+// raiseLet says whether the pods a raise let in made pod p's growth to
+// bytes fail: more pods hold replicas than the count before the policy's
+// latest raise allowed, and p is one of those beyond it (the latest
+// admitted since the raise) or would have grown to bytes without them. A pod that fails
+// beside only the pods the count before the raise allowed fails whatever
+// the raise did: a trainer that needs 14 GiB beside three 4 GiB services on
+// 24 GiB fails at each load, with or without the 2 GiB job a raise let in
+// beside it.
+func (r *replay) raiseLet(p *podRun, bytes uint64) bool {
+	if r.beforeRaise <= 0 || r.held <= r.beforeRaise {
+		return false
+	}
+	var holding []*podRun // those admitted since the raise
+	for _, q := range r.pods {
+		if (q.state == running || q.state == restarting) && q.admitted >= r.raisedAt {
+			holding = append(holding, q)
+		}
+	}
+	// The latest admitted first; on equal times the later in the trace.
+	slices.SortStableFunc(holding, func(a, b *podRun) int {
+		return cmp.Or(cmp.Compare(b.admitted, a.admitted), cmp.Compare(b.index, a.index))
+	})
+	extra := uint64(0)
+	for _, q := range holding[:min(r.held-r.beforeRaise, len(holding))] {
+		if q == p {
+			return true
+		}
+		extra += q.mem
+	}
+	return r.used-p.mem+bytes-extra <= r.tr.MemoryTotalBytes
 }
 
 // oom fails pod p at t with an OOM of kind: counted, its row of OOMs
 // carried on, and the pod restarting after RestartDelay.
 func (r *replay) oom(p *podRun, t time.Duration, kind policy.OOMKind) {
 	r.res.OOMEvents++
-	if r.beforeRaise > 0 && r.held > r.beforeRaise {
+	if kind != policy.OOMDevice && r.beforeRaise > 0 && r.held > r.beforeRaise {
+		// A pod's own limit (MPS): any pod let in beyond the count
+		// before the raise may have set it.
 		r.res.RaiseOOMEvents++
 	}
 	r.oomSince = true
@@ -500,7 +542,7 @@ func (r *replay) tick(t time.Duration) error {
 	if d.Replicas != r.decided {
 		dir := policy.DirectionDown
 		if d.Replicas > r.decided {
-			r.beforeRaise = r.decided
+			r.beforeRaise, r.raisedAt = r.decided, t
 			dir = policy.DirectionUp
 		}
 		if r.lastDir != "" && dir != r.lastDir && t-r.lastAt < r.settle && !r.oomSince {

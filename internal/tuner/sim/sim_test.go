@@ -373,3 +373,40 @@ func TestParsePolicy(t *testing.T) {
 		})
 	}
 }
+
+// An OOM counts against a raise only when the pods the raise let in made
+// it: a pod that fails beside the pods the count before the raise allowed
+// fails whatever the raise did, while one that fails for the room a pod
+// let in by the raise took, or is itself such a pod, counts.
+func TestRaiseOOMEvents(t *testing.T) {
+	const header = "gpu: {memoryTotalBytes: 10737418240}\nduration: 10m\ninitialReplicas: 2\n"
+	tests := []struct {
+		name        string
+		trace       string
+		ooms, raise int
+	}{
+		{"a loop beside the pods before the raise is not the raise's", header + `pods:
+  - {name: svc, arrive: 0s, run: 10m, memory: [[0s, 6442450944]]}
+  - {name: loop, arrive: 0s, run: 10m, memory: [[0s, 1073741824], [1m, 5368709120]]}
+  - {name: small, arrive: 30s, run: 10m, memory: [[0s, 536870912]]}
+`, 6, 0}, // loop fails at 1m, 2m30s, 4m, ... (a restart and a minute apart): 6+5 > 10 with or without small
+		{"a pod that fails for the room the raised-in pod took is", header + `pods:
+  - {name: svc, arrive: 0s, run: 10m, memory: [[0s, 6442450944]]}
+  - {name: grower, arrive: 0s, run: 10m, memory: [[0s, 1073741824], [1m, 3758096384]]}
+  - {name: small, arrive: 30s, run: 10m, memory: [[0s, 1073741824]]}
+`, 6, 6}, // 6+3.5 fits alone, 6+3.5+1 does not
+		{"the raised-in pod's own OOM is", header + `pods:
+  - {name: svc, arrive: 0s, run: 10m, memory: [[0s, 6442450944]]}
+  - {name: job, arrive: 0s, run: 10m, memory: [[0s, 1073741824]]}
+  - {name: big, arrive: 30s, run: 10m, memory: [[0s, 1073741824], [1m, 4294967296]]}
+`, 6, 6},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustRun(t, mustParse(t, tc.trace), &scripted{start: 2, at: map[time.Duration]int{30 * time.Second: 3}})
+			if r.OOMEvents != tc.ooms || r.RaiseOOMEvents != tc.raise {
+				t.Errorf("%d OOM events, %d after a raise; want %d, %d", r.OOMEvents, r.RaiseOOMEvents, tc.ooms, tc.raise)
+			}
+		})
+	}
+}
