@@ -44,6 +44,9 @@ func (v gpuView) ooms() oomIncidents {
 			if o.Kind == OOMCap || o.Kind == OOMEncoderSession || (o.Kind == OOMUnknown && !full) {
 				continue
 			}
+			if v.hopeless[o.Container] {
+				continue // a loop no count ends (hopelessLoops)
+			}
 			sharing++
 			if o.Container == "" || !seen[o.Container] {
 				out.incidents++

@@ -45,7 +45,7 @@ func (v gpuView) sizesBounded(bound float64, running map[string]uint64) sizes {
 		}
 	}
 	for c, p := range peaks {
-		b := float64(max(p, v.obs.Memory.Containers[c].size()))
+		b := v.jobSize(c, p)
 		if v.obs.Memory.Containers[c].Resident {
 			if bound < 0 {
 				continue
@@ -137,7 +137,7 @@ func (v gpuView) jobsSeen() float64 {
 	for c, peak := range v.peaks {
 		w, cm := v.obs.Memory.Workloads[v.obs.workload(c)], v.obs.Memory.Containers[c]
 		if !cm.Resident && v.age(c) < transientAge && w.Lifetime < transientAge {
-			p = max(p, float64(max(peak, cm.size())))
+			p = max(p, v.jobSize(c, peak))
 		}
 	}
 	for i, b := range v.obs.Memory.Sizes {
@@ -152,6 +152,19 @@ func (v gpuView) jobsSeen() float64 {
 		}
 	}
 	return p
+}
+
+// jobSize is the size running container c with peak shows the node:
+// what it showed it needs (ContainerMemory.size), but for a hopeless loop
+// what it reached (reached). Its need is the one size that no count lets in beside the pods
+// that stay (hopelessLoops); pricing every pod never seen at it kept 2 GiB
+// jobs out beside a trainer that asked for 12 GiB in a loop, for as long
+// as the trainer counted as a job (issue21-24g-oom-loop).
+func (v gpuView) jobSize(c string, peak uint64) float64 {
+	if v.hopeless[c] {
+		return float64(v.reached(c, peak))
+	}
+	return float64(max(peak, v.obs.Memory.Containers[c].size()))
 }
 
 // guessSpread is the uncertainty of a stranger's price, as a fraction of
@@ -205,7 +218,7 @@ func (v gpuView) rankPrice() (item, bool) {
 	for c, peak := range v.peaks {
 		w, cm := v.obs.Memory.Workloads[v.obs.workload(c)], v.obs.Memory.Containers[c]
 		if !cm.Resident && v.age(c) < transientAge && w.Lifetime < transientAge {
-			xs = append(xs, float64(max(peak, cm.size())))
+			xs = append(xs, v.jobSize(c, peak))
 			recent++
 		}
 	}
@@ -739,14 +752,11 @@ func (v gpuView) transient(led ledger) (out []item, left []time.Duration) {
 	var ls []leaver
 	for i, c := range slices.Sorted(maps.Keys(led.s.ContainerPeaks)) {
 		w := v.obs.Memory.Workloads[v.obs.workload(c)]
-		cm, seen := v.obs.Memory.Containers[c]
 		switch {
-		case !seen || cm.Resident:
-			// It ran before the tuner came: a service. (Without a record,
-			// Decide without Round, nothing says it is a job.)
-		case w.Known(v.cfg) && w.Lifetime < transientAge && w.Pods > 0:
+		case !v.mayLeave(c):
+		case w.Known(v.cfg) && w.Pods > 0:
 			ls = append(ls, leaver{led.running[i], max(w.Lifetime-v.age(c), 0)})
-		case w.Known(v.cfg) && w.Lifetime < transientAge, !w.Known(v.cfg) && v.age(c) < transientAge:
+		default:
 			// No pod of its workload has ended: its lifetime so far is
 			// this pod's own age, no bound on when it ends. A pod with
 			// siblings here may end with them (a burst's jobs leave
@@ -763,6 +773,24 @@ func (v gpuView) transient(led ledger) (out []item, left []time.Duration) {
 		out, left = append(out, l.item), append(left, l.left)
 	}
 	return out, left
+}
+
+// mayLeave says whether running container c is a job that may leave
+// while a count holds: a pod that came after the tuner's first look, of a
+// workload whose pods ran for less than transientAge, or, while its
+// workload's lifetime is not known, younger than that. A pod that ran
+// before the tuner came is a service (and without a record, Decide
+// without Round, nothing says it is a job).
+func (v gpuView) mayLeave(c string) bool {
+	w := v.obs.Memory.Workloads[v.obs.workload(c)]
+	cm, seen := v.obs.Memory.Containers[c]
+	switch {
+	case !seen || cm.Resident:
+		return false
+	case w.Known(v.cfg):
+		return w.Lifetime < transientAge
+	}
+	return v.age(c) < transientAge
 }
 
 // departing is, for each count of departures k, the chance that at least
@@ -962,6 +990,26 @@ func beyond(mu float64, free int) float64 {
 // minSpell is how many pods a quarter hour needs to count as a spell.
 const minSpell = 3
 
+// onlyHopeless says whether every OOM since t was a hopeless loop's
+// (hopelessLoops): they say nothing of the change at t, which may not be
+// undone on them before it has settled.
+func (v gpuView) onlyHopeless(t time.Time) bool {
+	if len(v.hopeless) == 0 {
+		return false
+	}
+	var last time.Time
+	for c, cm := range v.obs.Memory.Containers {
+		if cm.LastOOM.After(t) && !v.hopeless[c] {
+			return false
+		}
+		if v.hopeless[c] {
+			last = later(last, cm.LastOOM)
+		}
+	}
+	// An OOM no hopeless loop accounts for: a container that has gone.
+	return !v.obs.Memory.LastOOM.After(last)
+}
+
 // bounds are the counts the objective may choose from, and why the range
 // is narrowed (for the message of a hold).
 type bounds struct {
@@ -990,7 +1038,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	settle := v.obs.Apply.Settle(cfg)
 	// An OOM since the last change says it was wrong; nothing else may
 	// undo a change before it has settled.
-	oomSince := !lastChange.IsZero() && v.obs.Memory.LastOOM.After(lastChange)
+	oomSince := !lastChange.IsZero() && v.obs.Memory.LastOOM.After(lastChange) && !v.onlyHopeless(lastChange)
 	settling := sinceChange < settle && !oomSince
 
 	var loops []CrashLoop

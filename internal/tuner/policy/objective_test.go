@@ -90,6 +90,14 @@ func job(sizes ...uint64) WorkloadMemory {
 	return w
 }
 
+// roundIs fails t unless decision d is replicas for reason.
+func roundIs(t *testing.T, d Decision, replicas int, reason string) {
+	t.Helper()
+	if d.Replicas != replicas || d.Reason != reason {
+		t.Errorf("Round = %d %s, want %d %s\nmessage: %s", d.Replicas, d.Reason, replicas, reason, d.Message)
+	}
+}
+
 // The objective's own rules, each on a node's history replayed through
 // Round.
 func TestObjective(t *testing.T) {
@@ -314,13 +322,18 @@ func TestObjectiveCrashLoops(t *testing.T) {
 		// 5 replicas, 4 held: the OOM lowers to 3
 		{"one OOM is no loop", DefaultConfig(), jobs(map[string][]time.Duration{"batch/ft-1/c": {2 * time.Minute}}),
 			3, ReasonGPUOOM, nil},
+		// Two OOMs in a row beside the services that stay make a loop
+		// no count ends (TestHopelessLoop): its OOMs no longer lower the
+		// count, the memory the OOM samples show beyond the pods does.
 		{"two OOMs in a row are a loop, reported without eviction", DefaultConfig(), jobs(twice),
-			3, ReasonGPUOOM, []CrashLoop{{Container: "batch/ft-1/c", GPU: "GPU-0", OOMs: 2}}},
+			3, ReasonUnbackedReplicas, []CrashLoop{{Container: "batch/ft-1/c", GPU: "GPU-0", OOMs: 2}}},
 		{"two OOMs more than a Window apart are no loop", DefaultConfig(), jobs(map[string][]time.Duration{"batch/ft-1/c": {13 * time.Minute, 2 * time.Minute}}),
 			3, ReasonGPUOOM, nil},
-		{"with eviction a loop is marked for it; the OOM names the equal lowering", evict, jobs(twice),
-			3, ReasonGPUOOM, []CrashLoop{{Container: "batch/ft-1/c", GPU: "GPU-0", OOMs: 2, Evict: true}}},
+		{"with eviction a loop is marked for it", evict, jobs(twice),
+			3, ReasonCrashLoop, []CrashLoop{{Container: "batch/ft-1/c", GPU: "GPU-0", OOMs: 2, Evict: true}}},
 		// 6 replicas, 5 held: the OOM lowers to 4, eviction of both to 3
+		// Each refused room beside the other, a job: neither is
+		// hopeless, and their OOMs lower the count.
 		{"two loops: without eviction the OOM lowers by one", DefaultConfig(),
 			jobs(map[string][]time.Duration{"batch/ft-1/c": {5 * time.Minute, 2 * time.Minute}, "batch/ft-2/c": {4 * time.Minute, time.Minute}}),
 			4, ReasonGPUOOM, []CrashLoop{{Container: "batch/ft-1/c", GPU: "GPU-0", OOMs: 2}, {Container: "batch/ft-2/c", GPU: "GPU-0", OOMs: 2}}},
@@ -331,9 +344,7 @@ func TestObjectiveCrashLoops(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d, _ := replay(tc.cfg, tc.obs)
-			if d.Replicas != tc.replicas || d.Reason != tc.reason {
-				t.Errorf("Round = %d %s, want %d %s\nmessage: %s", d.Replicas, d.Reason, tc.replicas, tc.reason, d.Message)
-			}
+			roundIs(t, d, tc.replicas, tc.reason)
 			if !slices.Equal(d.CrashLoops, tc.loops) {
 				t.Errorf("crash loops %+v, want %+v", d.CrashLoops, tc.loops)
 			}
@@ -970,5 +981,71 @@ func TestLoadedWithinItsBucket(t *testing.T) {
 	}
 	if r := reserved(record(GiB+6*GiB/10), GiB+6*GiB/10, 45*time.Second); r < peak+float64(GiB)/4 {
 		t.Errorf("a job at 1.6 GiB 45 s in, of a workload one 1.6 GiB pod of which ended, reserved at %s, want the line's growth on top: its spread is not measured", gibf(r))
+	}
+}
+
+// A loop no count ends (hopelessLoops): a trainer that asks for 12 GiB
+// beside three services that hold 12 GiB of 24 for good fails at every
+// load whatever the count, so its OOMs hold nothing and it is reserved at
+// what it holds; a known 2 GiB job that fits beside it is let in. Beside a
+// job that will leave, the loop is not hopeless: the job's room is the
+// trainer's, and the count keeps it.
+func TestHopelessLoop(t *testing.T) {
+	const trainer = "batch/ft-1/c"
+	// restarting: the trainer shows nothing in the latest sample.
+	node := func(stay map[string]uint64, leaving string, restarting bool) Observation {
+		mix := func(tm time.Time) map[string]uint64 {
+			m := maps.Clone(stay)
+			if leaving != "" && tm.After(now.Add(-25*time.Minute)) {
+				m[leaving] = 4 * GiB
+			}
+			if tm.After(now.Add(-20*time.Minute)) && !(restarting && !tm.Before(now)) {
+				m[trainer] = 2 * GiB
+			}
+			return m
+		}
+		ss := card(24*GiB, 40*time.Minute, 4, mix)
+		ss = with(ss, last(1), func(s *Sample) { s.ReplicasAllocated = 4 }) // a restarting pod keeps its replica
+		for _, ago := range []time.Duration{8 * time.Minute, 5 * time.Minute, 2 * time.Minute} {
+			ss = with(ss, func(_ int, s Sample) bool { return s.Time.Equal(now.Add(-ago)) }, func(s *Sample) {
+				s.OOMEvents++
+				s.OOMs = append(slices.Clone(s.OOMs), OOM{Container: trainer, Kind: OOMDevice})
+			})
+		}
+		o := onCard(4, ss)
+		o.ContainerWorkloads = map[string]string{trainer: "Job/batch/ft", "batch/etl-1/c": "Job/batch/etl"}
+		o.Memory.Workloads = map[string]WorkloadMemory{"Job/batch/small": job(2 * GiB), "Job/batch/etl": job(4 * GiB)}
+		o.Pending = []PendingPod{{Workload: "Job/batch/small", Replicas: 1, Since: now.Add(-time.Minute)}}
+		return o
+	}
+	services := map[string]uint64{"svc/a/c": 4 * GiB, "svc/b/c": 4 * GiB, "svc/c/c": 4 * GiB}
+	two := map[string]uint64{"svc/a/c": 4 * GiB, "svc/b/c": 4 * GiB}
+	evict := DefaultConfig()
+	evict.EvictCrashLoops = true
+	tests := []struct {
+		name     string
+		cfg      Config
+		obs      Observation
+		replicas int
+		reason   string
+		reserved string // in the message, when set
+		loops    int    // the trainer's, reported
+	}{
+		{"beside services only: the job is let in", DefaultConfig(), node(services, "", false), 5, ReasonSustainedHeadroom, "14.0 GiB reserved", 1},
+		{"restarting, it is reserved at what it reached (and not reported: it shows nothing now)", DefaultConfig(), node(services, "", true), 5, ReasonSustainedHeadroom, "14.0 GiB reserved", 0},
+		{"beside a job that leaves: its OOMs lower the count as before", DefaultConfig(), node(two, "batch/etl-1/c", false), 3, ReasonGPUOOM, "", 1},
+		{"with eviction the loop is evicted either way", evict, node(services, "", false), 3, ReasonCrashLoop, "", 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, _ := replay(tc.cfg, tc.obs)
+			roundIs(t, d, tc.replicas, tc.reason)
+			if !strings.Contains(d.Message, tc.reserved) {
+				t.Errorf("message %q does not say %q", d.Message, tc.reserved)
+			}
+			if len(d.CrashLoops) != tc.loops || tc.loops > 0 && d.CrashLoops[0].Container != trainer {
+				t.Errorf("crash loops %+v, want %d of the trainer's", d.CrashLoops, tc.loops)
+			}
+		})
 	}
 }

@@ -54,6 +54,10 @@ type gpuView struct {
 	// false when there is none (no sample, or its total unknown).
 	latest ledger
 	ok     bool
+	// hopeless are the running containers in a crash loop that no count
+	// ends (hopelessLoops): reserved at what they hold, their OOMs no
+	// evidence against the count.
+	hopeless map[string]bool
 }
 
 func decideGPU(cfg Config, obs Observation, g GPUObservation, nodeFootprint uint64) Decision {
@@ -88,13 +92,30 @@ func newGPUView(cfg Config, obs *Observation, g GPUObservation, nodeFootprint ui
 		v.unattributed[i] = u
 	}
 	v.base = max(obs.Memory.Base, cfg.MinReplicas, floor)
-	v.sizes = v.nodeSizes()
 	v.podSpread = pooledSpread(obs.Memory.Workloads)
-	if rank {
-		v.rank, v.rankOK = v.rankPrice()
+	// The node's sizes, the stranger's price and the latest ledger; once
+	// more when a hopeless loop is found, which each reads.
+	price := func() {
+		v.sizes = v.nodeSizes()
+		if rank {
+			v.rank, v.rankOK = v.rankPrice()
+		}
+		if len(v.window) > 0 {
+			v.latest, v.ok = v.ledgerAt(len(v.window)-1, cfg.Window)
+		}
+		for c := range v.hopeless {
+			if _, ok := v.latest.s.ContainerPeaks[c]; !ok && v.ok {
+				// Restarting after its OOM, it shows nothing now and
+				// takes again what it reached at its next start.
+				v.latest.other += float64(v.reached(c, 0))
+			}
+		}
 	}
-	if len(v.window) > 0 {
-		v.latest, v.ok = v.ledgerAt(len(v.window)-1, cfg.Window)
+	price()
+	if v.ok {
+		if v.hopeless = v.hopelessLoops(v.latest); len(v.hopeless) > 0 {
+			price()
+		}
 	}
 	return v
 }
@@ -151,6 +172,13 @@ const settledSpread = 0.03
 // reached its working set yet.
 func (v gpuView) reservation(c string, horizon time.Duration) item {
 	own := v.peaks[c]
+	if v.hopeless[c] {
+		// Its need never comes while the pods that keep it out stay: each
+		// load fails short of it, and it holds at most what it reached
+		// before (its peak, within PeakHold).
+		r := float64(v.reached(c, own))
+		return item{mean: r, sd: settledSpread * r}
+	}
 	w := v.obs.Memory.Workloads[v.obs.workload(c)]
 	age := v.age(c)
 	r := own
@@ -216,6 +244,15 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 		return t
 	}
 	return item{mean: float64(r), sd: settledSpread * float64(r)}
+}
+
+// reached is the most running container c held: its peak in the window,
+// or its own peak before, within PeakHold.
+func (v gpuView) reached(c string, peak uint64) uint64 {
+	if cm := v.obs.Memory.Containers[c]; v.now.Sub(cm.PeakAt) <= PeakHold {
+		return max(peak, cm.PeakBytes)
+	}
+	return peak
 }
 
 // loading says whether a pod past its first window, at r bytes and this
@@ -349,7 +386,7 @@ func (v gpuView) banned() (int, string, time.Time) {
 	limit, who, when := math.MaxInt, "", time.Time{}
 	for c := range v.window[len(v.window)-1].ContainerPeaks {
 		w, ok := v.obs.Memory.Workloads[v.obs.workload(c)]
-		if !ok || w.OOMAllocated == 0 || w.OOMContainer != c || v.now.Sub(w.LastOOM) >= min(v.cfg.Remember, PeakHold) {
+		if !ok || w.OOMAllocated == 0 || w.OOMContainer != c || v.now.Sub(w.LastOOM) >= min(v.cfg.Remember, PeakHold) || v.hopeless[c] {
 			continue
 		}
 		if w.OOMAllocated-1 < limit || (w.OOMAllocated-1 == limit && c < who) {
@@ -389,4 +426,48 @@ func pooledSpread(ws map[string]WorkloadMemory) float64 {
 		return defaultPodSpread
 	}
 	return max(math.Sqrt(num/den), settledSpread)
+}
+
+// hopelessLoops finds the containers of led in a crash loop that no count
+// ends: two or more sharing OOMs in a row, the latest within a Window, and
+// the room an OOM refused it (NeedBytes, the card less what the others
+// held) no smaller than the room the pods that stay leave it now (every
+// running pod that is no job, mayLeave, at its peak in the window): it
+// needs more than they will ever leave it. Such a loop ends only when the
+// pod does (or is evicted, evictCrashLoops): lowering the count does not
+// stop a restart in place, and no departure in sight makes room. Reserved
+// at its need, it filled the ledger and kept every other pod out while it
+// looped: on issue21-24g-oom-loop a trainer that needs 14 GiB beside three
+// 4 GiB services on 24 GiB held the count below the pods running for six
+// hours, and 2 GiB jobs that fitted beside it waited 101,640 pod-seconds
+// where static:5 let them in with the same 102 OOM events, all the
+// trainer's. A loop refused room beside a job is not hopeless: the job's
+// room may be the looper's when it leaves, and the count keeps it
+// (banned).
+func (v gpuView) hopelessLoops(led ledger) map[string]bool {
+	var stay float64 // the window's peaks of the pods that stay
+	for c := range led.s.ContainerPeaks {
+		if !v.mayLeave(c) {
+			stay += float64(v.peaks[c])
+		}
+	}
+	var out map[string]bool
+	// A looper restarting after its OOM may show no memory in the latest
+	// sample: the loops are read from the record, not the sample.
+	for c, cm := range v.obs.Memory.Containers {
+		if cm.OOMs < 2 || cm.NeedBytes == 0 || v.now.Sub(cm.LastOOM) > v.cfg.Window || v.now.Sub(cm.LastSeen) > v.cfg.Window {
+			continue
+		}
+		others := stay
+		if _, ok := led.s.ContainerPeaks[c]; ok && !v.mayLeave(c) {
+			others -= float64(v.peaks[c])
+		}
+		if others+float64(cm.NeedBytes) >= float64(led.s.MemoryTotalBytes) {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[c] = true
+		}
+	}
+	return out
 }

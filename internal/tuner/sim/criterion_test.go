@@ -331,7 +331,6 @@ func tableHead() string {
 var shippedMisses = map[string]string{
 	"family-12g-night-burst": "learning: the burst's two workloads are learnt one pod at a time, a window each, while static:5 runs them from 01:00",
 	"issue21-24g-margin":     "waits more: the first job waits until the tuner has learnt what a job needs (two 10 GiB models are all it has seen); then it holds 3 like static:3",
-	"issue21-24g-oom-loop":   "the operator's count lets the trainer in before any evidence and it crash-loops, as under static:4; the tuner then waits where static:5 and above crash as often",
 }
 
 // shippedTraces are the names of the shipped traces (testdata/traces, the
