@@ -1049,3 +1049,36 @@ func TestHopelessLoop(t *testing.T) {
 		})
 	}
 }
+
+// The node's record holds every GPU's containers; a loop is hopeless on
+// the GPU whose window shows it, and nothing of it is reserved on another.
+func TestHopelessLoopStaysOnItsGPU(t *testing.T) {
+	const trainer = "batch/ft-1/c"
+	services := map[string]uint64{"svc/a/c": 4 * GiB, "svc/b/c": 4 * GiB, "svc/c/c": 4 * GiB}
+	ss := card(24*GiB, 40*time.Minute, 4, besides(services, trainer, 2*GiB, 20*time.Minute))
+	for _, ago := range []time.Duration{8 * time.Minute, 5 * time.Minute, 2 * time.Minute} {
+		ss = with(ss, func(_ int, s Sample) bool { return s.Time.Equal(now.Add(-ago)) }, func(s *Sample) {
+			s.OOMEvents++
+			s.OOMs = append(slices.Clone(s.OOMs), OOM{Container: trainer, Kind: OOMDevice})
+		})
+	}
+	// As full as the trainer's card without it: its need would not fit there either.
+	other := card(24*GiB, 40*time.Minute, 4, always(map[string]uint64{"svc/d/c": 12 * GiB}))
+	o := onCard(4, ss)
+	o.GPUs = append(o.GPUs, GPUObservation{UUID: "GPU-1", Samples: other})
+	o.ContainerWorkloads = map[string]string{trainer: "Job/batch/ft"}
+	cfg := DefaultConfig()
+	o.Memory = remembered(cfg, o)
+	if cm := o.Memory.Containers[trainer]; cm.OOMs < 2 {
+		t.Fatalf("the trainer's record shows %d OOMs in a row, want a loop", cm.OOMs)
+	}
+	for i, want := range []int{1, 0} {
+		v := newGPUView(cfg, &o, o.GPUs[i], 0, 1, true)
+		if len(v.hopeless) != want {
+			t.Errorf("%s: hopeless %v, want %d", o.GPUs[i].UUID, v.hopeless, want)
+		}
+		if i == 1 && v.latest.other != 0 {
+			t.Errorf("%s reserves %s for a container it never showed", o.GPUs[i].UUID, gibf(v.latest.other))
+		}
+	}
+}

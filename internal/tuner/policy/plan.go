@@ -54,9 +54,9 @@ type gpuView struct {
 	// false when there is none (no sample, or its total unknown).
 	latest ledger
 	ok     bool
-	// hopeless are the running containers in a crash loop that no count
-	// ends (hopelessLoops): reserved at what they hold, their OOMs no
-	// evidence against the count.
+	// hopeless are the containers of this GPU in a crash loop that no
+	// count ends (hopelessLoops): reserved at what they reached, their
+	// OOMs no evidence against the count.
 	hopeless map[string]bool
 }
 
@@ -451,11 +451,21 @@ func (v gpuView) hopelessLoops(led ledger) map[string]bool {
 			stay += float64(v.peaks[c])
 		}
 	}
-	var out map[string]bool
 	// A looper restarting after its OOM may show no memory in the latest
-	// sample: the loops are read from the record, not the sample.
+	// sample: the loops are read from the record (the node's), of the
+	// containers this GPU's window shows.
+	here := map[string]bool{}
+	for _, s := range v.window {
+		for c := range s.ContainerPeaks {
+			here[c] = true
+		}
+		for _, o := range s.OOMs {
+			here[o.Container] = true
+		}
+	}
+	var out map[string]bool
 	for c, cm := range v.obs.Memory.Containers {
-		if cm.OOMs < 2 || cm.NeedBytes == 0 || v.now.Sub(cm.LastOOM) > v.cfg.Window || v.now.Sub(cm.LastSeen) > v.cfg.Window {
+		if !here[c] || cm.OOMs < 2 || cm.NeedBytes == 0 || v.now.Sub(cm.LastOOM) > v.cfg.Window || v.now.Sub(cm.LastSeen) > v.cfg.Window {
 			continue
 		}
 		others := stay
