@@ -156,10 +156,12 @@ func (v gpuView) jobsSeen() float64 {
 
 // jobSize is the size running container c with peak shows the node:
 // what it showed it needs (ContainerMemory.size), but for a hopeless loop
-// what it reached (reached). Its need is the one size that no count lets in beside the pods
-// that stay (hopelessLoops); pricing every pod never seen at it kept 2 GiB
-// jobs out beside a trainer that asked for 12 GiB in a loop, for as long
-// as the trainer counted as a job (issue21-24g-oom-loop).
+// what it reached (reached). Its need is the one size that no count lets
+// in beside the pods that stay (hopelessLoops); pricing every pod never
+// seen at it kept 2 GiB jobs out beside a trainer that asked for 12 GiB
+// in a loop, for as long as the trainer counted as a job
+// (issue21-24g-oom-loop). Once it has ended its need joins the node's
+// sizes (Memory.Sizes): it is what jobs here ask for.
 func (v gpuView) jobSize(c string, peak uint64) float64 {
 	if v.hopeless[c] {
 		return float64(v.reached(c, peak))
