@@ -453,12 +453,9 @@ func (v gpuView) hopelessLoops(led ledger) map[string]bool {
 	}
 	// A looper restarting after its OOM may show no memory in the latest
 	// sample: the loops are read from the record (the node's), of the
-	// containers this GPU's window shows.
+	// containers that OOMed in this GPU's window.
 	here := map[string]bool{}
 	for _, s := range v.window {
-		for c := range s.ContainerPeaks {
-			here[c] = true
-		}
 		for _, o := range s.OOMs {
 			here[o.Container] = true
 		}

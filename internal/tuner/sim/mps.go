@@ -120,6 +120,11 @@ func (r *replay) mpsAdmit(p *podRun) {
 // process-cap.
 func (r *replay) capOOM(p *podRun, t time.Duration) {
 	r.mps.res.CapOOMEvents++
+	if r.beforeRaise > 0 && r.held > r.beforeRaise {
+		// A pod's own limit: any pod let in beyond the count before the
+		// raise may have set it.
+		r.res.RaiseOOMEvents++
+	}
 	r.oom(p, t, policy.OOMCap)
 }
 

@@ -130,8 +130,7 @@ type Result struct {
 	// more pods held replicas than the count before the policy's latest
 	// raise allowed, and the pod that failed was one of those beyond it
 	// (the latest admitted since the raise) or would not have failed
-	// without them. A
-	// static policy has none.
+	// without them. A static policy has none.
 	RaiseOOMEvents int `json:"raiseOOMEvents"`
 	// PodSecondsPending is time pods waited for a replica, counting pods
 	// still waiting at the end up to the end.
@@ -425,9 +424,9 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 // raiseLet says whether the pods a raise let in made pod p's growth to
 // bytes fail: more pods hold replicas than the count before the policy's
 // latest raise allowed, and p is one of those beyond it (the latest
-// admitted since the raise) or would have grown to bytes without them. A pod that fails
-// beside only the pods the count before the raise allowed fails whatever
-// the raise did: a trainer that needs 14 GiB beside three 4 GiB services on
+// admitted since the raise) or would have grown to bytes without them. A
+// pod that fails beside only the pods the count before the raise allowed
+// fails whatever the raise did: a trainer that needs 14 GiB beside three 4 GiB services on
 // 24 GiB fails at each load, with or without the 2 GiB job a raise let in
 // beside it.
 func (r *replay) raiseLet(p *podRun, bytes uint64) bool {
@@ -458,11 +457,6 @@ func (r *replay) raiseLet(p *podRun, bytes uint64) bool {
 // carried on, and the pod restarting after RestartDelay.
 func (r *replay) oom(p *podRun, t time.Duration, kind policy.OOMKind) {
 	r.res.OOMEvents++
-	if kind != policy.OOMDevice && r.beforeRaise > 0 && r.held > r.beforeRaise {
-		// A pod's own limit (MPS): any pod let in beyond the count
-		// before the raise may have set it.
-		r.res.RaiseOOMEvents++
-	}
 	r.oomSince = true
 	r.res.OOMsPerContainer[p.Name]++
 	if p.ooms > 0 && t-p.lastOOM <= RowGap {
