@@ -306,8 +306,10 @@ func TestRoundBase(t *testing.T) {
 }
 
 // A service's pod that another pod of its workload replaced is recorded
-// among the sizes as a restart, not a job; a job that ended, and a
-// service that ended with nothing of its workload running on, are not.
+// among the sizes as a restart, not a job, also when the replacement,
+// created as it ended, still waits for a replica; a job that ended, a
+// long job whose sibling was queued before it ended, and a service that
+// ended with nothing of its workload running or waiting, are not.
 // A record written before Restarts existed is padded to stay aligned.
 func TestRememberMarksRestarts(t *testing.T) {
 	cfg := DefaultConfig()
@@ -318,18 +320,21 @@ func TestRememberMarksRestarts(t *testing.T) {
 			"batch/j-1/c":   {FirstSeen: gone.Add(-40 * time.Minute), LastSeen: gone, PeakBytes: 5 * GiB, Workload: "Job/batch/j"},
 			"svc/leaky-3/c": {FirstSeen: gone.Add(-13 * time.Hour), LastSeen: gone, PeakBytes: 19 * GiB, Workload: "Deployment/svc/leaky"},
 			"svc/lone-1/c":  {FirstSeen: gone.Add(-5 * time.Hour), LastSeen: gone, PeakBytes: 7 * GiB, Workload: "Deployment/svc/lone"},
+			"svc/slow-1/c":  {FirstSeen: gone.Add(-4 * time.Hour), LastSeen: gone, PeakBytes: 9 * GiB, Workload: "Deployment/svc/slow"},
+			"train/t-1/c":   {FirstSeen: gone.Add(-3 * time.Hour), LastSeen: gone, PeakBytes: 11 * GiB, Workload: "Job/train/t"},
 			"svc/leaky-4/c": {FirstSeen: gone, LastSeen: now.Add(-time.Hour), PeakBytes: GiB, Workload: "Deployment/svc/leaky"},
 			"batch/j-2/c":   {FirstSeen: gone.Add(-time.Hour), LastSeen: now.Add(-time.Hour), PeakBytes: 5 * GiB, Workload: "Job/batch/j"},
 		}}
 	obs := Observation{Now: now, ContainerWorkloads: map[string]string{"svc/leaky-4/c": "Deployment/svc/leaky", "batch/j-2/c": "Job/batch/j"},
-		GPUs: []GPUObservation{{UUID: "g", Samples: history(2*time.Minute, steady(6*GiB, 2, 4, map[string]uint64{"svc/leaky-4/c": GiB, "batch/j-2/c": 5 * GiB}))}}}
+		Pending: []PendingPod{{Workload: "Deployment/svc/slow", Replicas: 1, Since: gone}, {Workload: "Job/train/t", Replicas: 1, Since: gone.Add(-time.Hour)}, {Workload: "Job/batch/other", Replicas: 1, Since: gone}},
+		GPUs:    []GPUObservation{{UUID: "g", Samples: history(2*time.Minute, steady(6*GiB, 2, 4, map[string]uint64{"svc/leaky-4/c": GiB, "batch/j-2/c": 5 * GiB}))}}}
 	got := Remember(cfg, old, obs)
-	want := []uint64{2 * GiB, 3 * GiB, 5 * GiB, 19 * GiB, 7 * GiB}
+	want := []uint64{2 * GiB, 3 * GiB, 5 * GiB, 19 * GiB, 7 * GiB, 9 * GiB, 11 * GiB}
 	if !slices.Equal(got.Sizes, want) {
-		t.Fatalf("sizes %v, want %v (the three ended containers by key after the two remembered)", got.Sizes, want)
+		t.Fatalf("sizes %v, want %v (the five ended containers by key after the two remembered)", got.Sizes, want)
 	}
-	if wantR := []bool{false, false, false, true, false}; !slices.Equal(got.Restarts, wantR) {
-		t.Errorf("restarts %v, want %v: only leaky-3, which ran 13 h and leaky-4 replaced", got.Restarts, wantR)
+	if wantR := []bool{false, false, false, true, false, true, false}; !slices.Equal(got.Restarts, wantR) {
+		t.Errorf("restarts %v, want %v: leaky-3, which ran 13 h and leaky-4 replaced, and slow-1, whose next pod came as it ended and waits; not t-1, whose sibling waited before it ended", got.Restarts, wantR)
 	}
 	if len(old.Restarts) != 0 {
 		t.Errorf("Remember changed its input's Restarts: %v", old.Restarts)
@@ -365,5 +370,36 @@ func TestRankPriceLeavesRestartsOut(t *testing.T) {
 	}
 	if top := without.mean + 2*without.sd; top < float64(11*GiB) || top > float64(15*GiB) {
 		t.Errorf("a job priced %s ± %s: want its upper tail near the largest job, 11 GiB", gibf(without.mean), gibf(without.sd))
+	}
+}
+
+// A container that comes back to within peakAgain (5%) of its peak has
+// reached it again: a model server that loaded 2.68 GiB, then a 2.56 GiB
+// model seven hours later, keeps its peak reserved for another PeakHold
+// (held-out seed 71 loaded it into the 1.8 GiB a raise had left once the
+// first load's time was up). One that comes back to three quarters of it
+// has not.
+func TestPeakReachedAgain(t *testing.T) {
+	cfg := DefaultConfig()
+	const c = "ai/ollama-0/c"
+	first := now.Add(-7 * time.Hour)
+	for _, tc := range []struct {
+		name   string
+		holds  uint64
+		wantAt time.Time
+	}{
+		{"4.5% below", 2560 << 20, now},
+		{"three quarters", 2010 << 20, first},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old := Memory{Updated: now.Add(-2 * time.Minute), Since: now.Add(-24 * time.Hour),
+				Containers: map[string]ContainerMemory{c: {FirstSeen: now.Add(-24 * time.Hour), LastSeen: now.Add(-2 * time.Minute), PeakBytes: 2680 << 20, PeakAt: first, Resident: true, Workload: "Deployment/ai/ollama"}}}
+			obs := Observation{Now: now, ContainerWorkloads: map[string]string{c: "Deployment/ai/ollama"},
+				GPUs: []GPUObservation{{UUID: "g", Samples: history(time.Minute, steady(tc.holds, 1, 4, map[string]uint64{c: tc.holds}))}}}
+			got := Remember(cfg, old, obs).Containers[c]
+			if got.PeakBytes != 2680<<20 || !got.PeakAt.Equal(tc.wantAt) {
+				t.Errorf("peak %d MiB at %s, want 2680 MiB at %s", got.PeakBytes>>20, got.PeakAt, tc.wantAt)
+			}
+		})
 	}
 }
