@@ -66,21 +66,21 @@ type Memory struct {
 
 // restarted says whether container k, of workload wl, that ended was a
 // service (it ran transientAge or longer) replaced by another pod of its
-// workload: one seen since running, or one created as it ended (within
-// two samples, interval apart) that still waits for a replica. A restart's
-// size is not a job's. The replacement may wait out a full count for
-// longer than the Window after which the ended pod is recorded: a leaking
-// service's 19 GiB restart, taken for a job while its next pod waited, put
-// a stranger's tail past the 12 GiB that any job there asked for
-// (held-out seed 107). A sibling that was already waiting before it
+// workload: one seen in the last two samples (interval apart) before now,
+// or one created as it ended (within two samples) that still waits for a
+// replica. A restart's size is not a job's. The replacement may wait out
+// a full count for longer than the Window after which the ended pod is
+// recorded: a leaking service's 19 GiB restart, taken for a job while its
+// next pod waited, put a stranger's tail past the 12 GiB that any job
+// there asked for (held-out seed 107). A sibling that was already waiting before it
 // ended is a queued pod of a workload of long jobs, not its replacement,
 // and its size stays a job's.
-func restarted(cs map[string]ContainerMemory, k string, c ContainerMemory, wl string, running time.Time, pending []PendingPod, interval time.Duration) bool {
+func restarted(cs map[string]ContainerMemory, k string, c ContainerMemory, wl string, now time.Time, interval time.Duration, pending []PendingPod) bool {
 	if c.LastSeen.Sub(c.FirstSeen) < transientAge {
 		return false
 	}
 	for o, oc := range cs {
-		if o != k && oc.Workload == wl && !oc.LastSeen.Before(running) {
+		if o != k && oc.Workload == wl && !oc.LastSeen.Before(now.Add(-2*interval)) {
 			return true
 		}
 	}
@@ -408,7 +408,7 @@ func Remember(cfg Config, mem Memory, obs Observation) Memory {
 			for len(out.Restarts) < len(out.Sizes) {
 				out.Restarts = append(out.Restarts, false)
 			}
-			out.Restarts = append(out.Restarts[:len(out.Sizes)], restarted(out.Containers, k, c, wl, obs.Now.Add(-2*cfg.SampleInterval), obs.Pending, cfg.SampleInterval))
+			out.Restarts = append(out.Restarts[:len(out.Sizes)], restarted(out.Containers, k, c, wl, obs.Now, cfg.SampleInterval, obs.Pending))
 			out.Sizes, out.SizesAt = append(out.Sizes, size), append(out.SizesAt, c.LastSeen)
 			if w, ok := out.Workloads[wl]; ok {
 				w = record(wl)

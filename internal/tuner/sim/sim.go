@@ -426,9 +426,9 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 // latest raise allowed, and p is one of those beyond it (the latest
 // admitted since the raise) or would have grown to bytes without them. A
 // pod that fails beside only the pods the count before the raise allowed
-// fails whatever the raise did: a trainer that needs 14 GiB beside three 4 GiB services on
-// 24 GiB fails at each load, with or without the 2 GiB job a raise let in
-// beside it.
+// fails whatever the raise did: a trainer that needs 14 GiB beside three
+// 4 GiB services on 24 GiB fails at each load, with or without the 2 GiB
+// job a raise let in beside it.
 func (r *replay) raiseLet(p *podRun, bytes uint64) bool {
 	if r.beforeRaise <= 0 || r.held <= r.beforeRaise {
 		return false
