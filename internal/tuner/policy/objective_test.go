@@ -581,6 +581,30 @@ func TestLearningOnePodAtATime(t *testing.T) {
 	}
 }
 
+// The siblings queued behind the first pod of a workload never seen, which
+// no price reaches yet, are taken in a departing job's handoff at what that
+// first pod is priced to learn it, not at the node's largest sizes: priced
+// at a 4 GiB model's size with a stranger's spread, the second of a burst
+// of 1.2 GiB jobs, handed a crash-looping job's replica in the forecast,
+// kept the first out of a 12 GiB card with 4.5 GiB free for over an hour
+// (held-out generated seed 144).
+func TestUnpricedSiblingInAHandoff(t *testing.T) {
+	def := DefaultConfig()
+	// A 4 GiB model and a 1 GiB web service since before the tuner came,
+	// and a 2.5 GiB job of a short-lived workload 40 minutes in.
+	at := besides(map[string]uint64{"svc/vllm/c": 4 * GiB, "svc/web/c": GiB}, "batch/looper-1/c", 5*GiB/2, 40*time.Minute)
+	o := onCard(3, card(12*GiB, time.Hour, 3, at))
+	o.ContainerWorkloads = map[string]string{"batch/looper-1/c": "Job/batch/looper"}
+	o.Memory.Workloads = map[string]WorkloadMemory{"Job/batch/looper": job(5*GiB/2, 5*GiB/2)}
+	for range 3 {
+		o.Pending = append(o.Pending, PendingPod{Workload: "Job/batch/burst", Replicas: 1, Since: now.Add(-5 * time.Minute)})
+	}
+	d, _ := replay(def, o)
+	if d.Replicas != 4 {
+		t.Errorf("Round = %d %s, want 4: the burst's first pod let in\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+}
+
 // Strangers that came together after the tuner's first look, priced on no
 // job the node has seen (the learner's price is its services' sizes), are
 // let in a few at a time: a burst of anonymous cron jobs priced at the 0.8
