@@ -72,9 +72,9 @@ type Memory struct {
 // a full count for longer than the Window after which the ended pod is
 // recorded: a leaking service's 19 GiB restart, taken for a job while its
 // next pod waited, put a stranger's tail past the 12 GiB that any job
-// there asked for (held-out seed 107). A sibling that was already waiting before it
-// ended is a queued pod of a workload of long jobs, not its replacement,
-// and its size stays a job's.
+// there asked for (held-out seed 107). A sibling that was already waiting
+// before it ended is a queued pod of a workload of long jobs, not its
+// replacement, and its size stays a job's.
 func restarted(cs map[string]ContainerMemory, k string, c ContainerMemory, wl string, now time.Time, interval time.Duration, pending []PendingPod) bool {
 	if c.LastSeen.Sub(c.FirstSeen) < transientAge {
 		return false

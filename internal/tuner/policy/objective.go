@@ -666,9 +666,10 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	// 719,895 pod-seconds pending, now 421,373; TestUnpricedSiblingInAHandoff).
 	var next []item
 	var waits []float64 // what each handoff to a waiting pod spares it
+	unpriced := v.explorer(true)
 	for _, d := range q[k:] {
 		if d.none {
-			d.item = v.explorer(true)
+			d.item = unpriced
 		}
 		next = append(next, d.item)
 		waits = append(waits, min(d.patience, v.obs.Apply.Settle(v.cfg).Seconds()))
