@@ -605,6 +605,39 @@ func TestUnpricedSiblingInAHandoff(t *testing.T) {
 	}
 }
 
+// A server that has held its size flat for a whole window is uncertain by
+// what no record foresees at any size (allocator rounding, a CUDA
+// context), not by a share of its size: vLLM at its default
+// gpu_memory_utilization holds 43.2 GiB of a 48 GiB card to the byte, and
+// 3% of it (1.3 GiB) put a 3.5% risk on every 1.2 GiB job beside it, so
+// none started all day where one more replica started them all with no
+// OOM. A server that moved within the window keeps the share.
+func TestFlatServerSpread(t *testing.T) {
+	def := DefaultConfig()
+	vllm := uint64(43*GiB + GiB/5)
+	round := func(server func(time.Time) uint64) Decision {
+		at := func(tm time.Time) map[string]uint64 {
+			return map[string]uint64{"llm/vllm/c": server(tm), "llm/reranker/c": GiB + GiB/5}
+		}
+		o := onCard(2, card(48*GiB, time.Hour, 2, at))
+		o.Pending = []PendingPod{{Workload: "Job/batch/embed", Replicas: 1, Since: now.Add(-time.Minute)}}
+		d, _ := replay(def, o)
+		return d
+	}
+	if d := round(func(time.Time) uint64 { return vllm }); d.Replicas != 3 {
+		t.Errorf("beside a flat 43.2 GiB server: Round = %d %s, want 3: the job let in\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+	moving := func(tm time.Time) uint64 {
+		if tm.Equal(now.Add(-5 * time.Minute).Truncate(15 * time.Second)) {
+			return 40 * GiB
+		}
+		return vllm
+	}
+	if d := round(moving); d.Replicas != 2 {
+		t.Errorf("beside a server that fell to 40 GiB five minutes ago: Round = %d %s, want 2\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+}
+
 // Strangers that came together after the tuner's first look, priced on no
 // job the node has seen (the learner's price is its services' sizes), are
 // let in a few at a time: a burst of anonymous cron jobs priced at the 0.8

@@ -467,7 +467,6 @@ var knownMisses = map[uint64]missKind{
 // here that stops missing a hard bar fails the test until it is taken off.
 // docs/tuner-policy.md ("Traces not seen") explains each.
 var unsolved = map[uint64]string{
-	19: "the crash-loop archetype's pod, which loads 11.5 GiB every three minutes, beside an office stream's 17-22 GiB jobs on 80 GiB: two jobs left in one sample and two of the stream's largest took their replicas, and the pod OOMed at each load until one of them left (40 OOM events, 30 at the operator's count; with eviction, 2): the loop came six minutes earlier than before the pods that had loaded inside their age's bucket were reserved at what they hold (TestLoadedWithinItsBucket), 28 then",
 	24: "a crash-looping service on 24 GiB beside anonymous jobs: a raise for a stranger that then grows meets the looper's next load, and the looper OOMs in a loop (no eviction by default); the stranger comes as the recent job sizes fall to nine, so it is priced by bounded learning, not by rank",
 	54: "an on-demand model server (Ollama-like) loads a model larger than any it loaded before, after a raise let a job in; the record had not seen that size",
 }
@@ -518,7 +517,6 @@ var knownMissesPlugin = func() map[uint64]missKind {
 }()
 
 var unsolvedPlugin = map[uint64]string{
-	19: unsolved[19],
 	24: unsolved[24],
 	33: "in the round a pod ended, its peak still in the ledger made every count from 13 up a near-certain OOM while a lowering was held for the round, and a raise 13 -> 14 came out cheaper by its patience alone; the card OOMed five minutes later (docs/tuner-policy.md: a raise only when it pays for itself, tried)",
 	54: unsolved[54],
