@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,7 +11,7 @@ import (
 
 // unseenVerdicts is what the tuner does, in instant mode, on each trace of
 // test/traces/unseen: the kind of its first miss of the bar, or "" where
-// it meets it. Those sixteen homelab shapes (ComfyUI and Stable Diffusion
+// it meets it; unseenVerdictsPlugin the same in plugin mode. Those sixteen homelab shapes (ComfyUI and Stable Diffusion
 // spikes, Ollama swapping models, a 70B model loaded a few times a day, a
 // team's notebooks, a nightly training job that grows, Whisper queues, CI
 // bursts, a hyperparameter sweep, NVENC transcodes, vLLM holding 90% of
@@ -37,40 +38,61 @@ var unseenVerdicts = map[string]string{
 	"whisper-16g-queue":         "missRound",
 }
 
+var unseenVerdictsPlugin = func() map[string]string {
+	m := maps.Clone(unseenVerdicts)
+	// In instant a 3.5 GiB job heads the queue from 15:00 at a 45% risk
+	// and the embedding jobs wait behind it; with the latency the day's
+	// order of events differs and every pod starts.
+	m["vllm-48g-reserved"] = ""
+	return m
+}()
+
 // TestCriterionUnseen judges every trace of test/traces/unseen as the
-// criterion does and fails where a verdict is not the one unseenVerdicts
-// records: a trace that met the bar and misses it, or misses it another
-// way, is a regression; one that misses less is progress to write down.
+// criterion does, in instant and in plugin mode, and fails where a verdict
+// is not the one unseenVerdicts (unseenVerdictsPlugin) records: a trace
+// that met the bar and misses it, or misses it another way, is a
+// regression; one that misses less is progress to write down.
 func TestCriterionUnseen(t *testing.T) {
-	if *criterionMode != policy.ModeInstant {
-		t.Skip("the unseen traces' verdicts are instant mode's")
+	if testing.Short() {
+		t.Skip("replays every unseen trace under 18 policies, twice")
 	}
 	paths, err := filepath.Glob(tracePath(filepath.Join("unseen", "*.yaml")))
 	if err != nil || len(paths) != len(unseenVerdicts) {
 		t.Fatalf("%d traces under %s, want the %d unseenVerdicts lists: %v", len(paths), tracePath("unseen"), len(unseenVerdicts), err)
 	}
-	for _, p := range paths {
-		name := strings.TrimSuffix(filepath.Base(p), ".yaml")
-		t.Run(name, func(t *testing.T) {
-			want, ok := unseenVerdicts[name]
-			if !ok {
-				t.Fatalf("%s is not in unseenVerdicts", name)
-			}
-			v := judge(t, mustRead(t, filepath.Join("unseen", name+".yaml")), policy.ModeInstant)
-			got := ""
-			if len(v.misses) > 0 {
-				got = v.misses[0].kind.name
-			}
-			t.Log(v.summary())
-			switch {
-			case got == want:
-			case want == "":
-				t.Errorf("met the bar, now %s: %s", got, v.misses[0].text)
-			case got == "":
-				t.Errorf("listed as %s, now meets the bar: write it in unseenVerdicts", want)
-			default:
-				t.Errorf("listed as %s, now %s: %s", want, got, v.misses[0].text)
-			}
-		})
+	for _, mode := range []string{policy.ModeInstant, policy.ModePlugin} {
+		verdicts := unseenVerdicts
+		if mode == policy.ModePlugin {
+			verdicts = unseenVerdictsPlugin
+		}
+		for _, p := range paths {
+			name := strings.TrimSuffix(filepath.Base(p), ".yaml")
+			t.Run(mode+"/"+name, func(t *testing.T) {
+				judgeUnseen(t, name, mode, verdicts)
+			})
+		}
+	}
+}
+
+// judgeUnseen judges unseen trace name in mode against verdicts.
+func judgeUnseen(t *testing.T, name, mode string, verdicts map[string]string) {
+	want, ok := verdicts[name]
+	if !ok {
+		t.Fatalf("%s is not in unseenVerdicts", name)
+	}
+	v := judge(t, mustRead(t, filepath.Join("unseen", name+".yaml")), mode)
+	got := ""
+	if len(v.misses) > 0 {
+		got = v.misses[0].kind.name
+	}
+	t.Log(v.summary())
+	switch {
+	case got == want:
+	case want == "":
+		t.Errorf("met the bar, now %s: %s", got, v.misses[0].text)
+	case got == "":
+		t.Errorf("listed as %s, now meets the bar: write it in unseenVerdicts", want)
+	default:
+		t.Errorf("listed as %s, now %s: %s", want, got, v.misses[0].text)
 	}
 }
