@@ -11,14 +11,15 @@ import (
 
 // unseenVerdicts is what the tuner does, in instant mode, on each trace of
 // test/traces/unseen: the kind of its first miss of the bar, or "" where
-// it meets it; unseenVerdictsPlugin the same in plugin mode. Those sixteen homelab shapes (ComfyUI and Stable Diffusion
-// spikes, Ollama swapping models, a 70B model loaded a few times a day, a
-// team's notebooks, a nightly training job that grows, Whisper queues, CI
-// bursts, a hyperparameter sweep, NVENC transcodes, vLLM holding 90% of
-// its card, a fine-tune that fits at no count) were written apart from the
-// generator (gen.py there), after the policy, to measure it on cases no
-// rule was fitted to: they are a record, not a target. A verdict may only
-// get better; when one does, write it here.
+// it meets it; unseenVerdictsPlugin the same in plugin mode. Those sixteen
+// homelab shapes (ComfyUI and Stable Diffusion spikes, Ollama swapping
+// models, a 70B model loaded a few times a day, a team's notebooks, a
+// nightly training job that grows, Whisper queues, CI bursts, a
+// hyperparameter sweep, NVENC transcodes, vLLM holding 90% of its card, a
+// fine-tune that fits at no count) were written apart from the generator
+// (gen.py there), after the policy, to measure it on cases no rule was
+// fitted to: they are a record, not a target. A verdict may only get
+// better; when one does, write it here.
 var unseenVerdicts = map[string]string{
 	"ci-24g-push-bursts":        "missRaiseOOM",
 	"comfyui-24g-spikes":        "",
