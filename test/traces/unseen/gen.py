@@ -94,16 +94,6 @@ def service(tr, name, wl, base, load_at=60, arrive=0, run=None, extra=()):
     tr.add(name, wl, arrive, run, mem)
 
 
-def spikes(base, peak_fn, start, end, sessions):
-    """Piecewise timeline of a long-running server: base, with generation
-    sessions (at, length, peak) relative to start."""
-    mem = []
-    for at, length, peak in sessions:
-        mem.append((at, g(peak)))
-        mem.append((at + length, g(base)))
-    return mem
-
-
 # ---------------------------------------------------------------- 1
 def comfyui_24g():
     tr = Trace("comfyui-24g-spikes", """
