@@ -111,7 +111,13 @@ func (v gpuView) explorer(late bool) item {
 // percentile of every size seen here but the largest, which for a pod that
 // came after the tuner's first look is capped at half the memory left (two
 // steady 10 GiB models on 24 GiB, all the node has seen, must not keep
-// every 2.5 GiB job out for ever). Learning a workload is bounded:
+// every 2.5 GiB job out for ever), but not below the median of the pods
+// that came after that look, once minCame came: what comes here is what a
+// pod never seen may be (a team's notebooks, each its own workload and
+// each loading a 7-10 GiB model, let a seventh in at 2.8 GiB, half of
+// what 42.5 GiB used of 48 left, and the card OOMed 37 times when a
+// student loaded a second model: test/traces/unseen/jupyter-48g-team.yaml;
+// TestLearnerNotBelowWhatComes). Learning a workload is bounded:
 // one pod of it at a time; its siblings wait until it has shown its size
 // (Learning).
 func (v gpuView) learner(late bool) item {
@@ -120,7 +126,11 @@ func (v gpuView) learner(late bool) item {
 		typical := sizes{v.sizes.sorted[:max(n-1, 1)]}.quantile(0.9)
 		if v.ok && late {
 			held, _ := v.latest.held()
-			typical = min(typical, max((v.total()-held)/2, minExplore*v.total()))
+			floor := minExplore * v.total()
+			if len(v.came.sorted) >= minCame {
+				floor = max(floor, v.came.quantile(0.5))
+			}
+			typical = min(typical, max((v.total()-held)/2, floor))
 		}
 		p = max(p, typical)
 	}
@@ -491,7 +501,7 @@ func (v gpuView) settled(c string) bool {
 // both with no OOM).
 func (v gpuView) arrival(led ledger) item {
 	var a item // with no size seen, none: a pod not here yet is not weighed
-	switch came := v.sizesOf(false); {
+	switch came := v.came; {
 	case len(came.sorted) >= minCame:
 		a = came.stranger()
 	case len(came.sorted) > 0:

@@ -352,6 +352,57 @@ func TestObjectiveCrashLoops(t *testing.T) {
 	}
 }
 
+// An OOM among pods that all stay (services running for hours, none in a
+// loop) is not parted by any count: the count is not
+// lowered below them on it, nor held there by the ban, and the pods that
+// come are weighed against the ledger. Among a job that may leave the
+// OOM lowers the count as before.
+// test/traces/unseen/ollama-48g-70b.yaml: a 40 GiB model's first load
+// among three services lowered 6 -> 2 and the ban held 2 for six hours,
+// every 6 GiB eval job waiting, where static:6 ran them with no more OOMs.
+func TestOOMAmongPodsThatStay(t *testing.T) {
+	const big = "ai/ollama-big/ollama"
+	services := map[string]uint64{big: GiB / 2, "ai/ollama-small/ollama": 10 * GiB, "ai/embed/c": 3 * GiB}
+	// The pods have run for span: three hours, but for the first look.
+	obs := func(cur int, mix func(time.Time) map[string]uint64, ago time.Duration, span ...time.Duration) Observation {
+		ss := card(48*GiB, append(span, 3*time.Hour)[0], cur, mix)
+		ss = with(ss, func(_ int, s Sample) bool { return s.Time.Equal(now.Add(-ago)) }, func(s *Sample) {
+			s.OOMEvents++
+			s.OOMs = []OOM{{Container: big, Kind: OOMDevice}}
+			s.MemoryUsedBytes = 48*GiB - GiB/4
+		})
+		o := onCard(cur, ss)
+		o.ContainerWorkloads = map[string]string{"batch/eval-1/c": "Job/batch/eval"}
+		o.Memory.Workloads = map[string]WorkloadMemory{"Job/batch/eval": job(6 * GiB)}
+		return o
+	}
+	eval := besides(services, "batch/eval-1/c", 6*GiB, 20*time.Minute)
+	pending := func(o Observation) Observation {
+		o.Pending = []PendingPod{{Workload: "Job/batch/eval", Replicas: 1, Since: now.Add(-30 * time.Second)}}
+		return o
+	}
+	check := func(name string, o Observation, replicas int, reason string) {
+		t.Run(name, func(t *testing.T) {
+			d, _ := replay(DefaultConfig(), o)
+			roundIs(t, d, replicas, reason)
+		})
+	}
+	// The operator's count stays the base: only the tuner's own bets are
+	// withdrawn on a guess.
+	check("among services: the spares stay", obs(6, always(services), 2*time.Minute), 6, ReasonFreeReplicas)
+	check("among services, an hour on: a job is let in beside them", pending(obs(2, always(services), time.Hour)), 4, ReasonSustainedHeadroom)
+	check("beside a job that may leave: lowered below the pods it OOMed with", obs(6, eval, 2*time.Minute), 3, ReasonGPUOOM)
+	// The allocation lags the pods (PodResources not yet showing the
+	// job's replica): the job the OOM's sample showed still counts, and
+	// the count is lowered below the allocation.
+	lagging := obs(6, besides(services, "batch/eval-1/c", 6*GiB, 2*time.Minute+15*time.Second), 2*time.Minute)
+	lagging.GPUs[0].Samples = with(lagging.GPUs[0].Samples, func(int, Sample) bool { return true }, func(s *Sample) { s.ReplicasAllocated = 3 })
+	check("beside a job the allocation does not count yet: lowered", lagging, 2, ReasonGPUOOM)
+	// Pods running when the tuner first looked, 20 minutes ago, are not
+	// services by that alone.
+	check("among pods there at the first look, young: lowered", obs(6, always(services), 2*time.Minute, 20*time.Minute), 2, ReasonGPUOOM)
+}
+
 func TestApplyCostOf(t *testing.T) {
 	cfg := DefaultConfig()
 	for _, tc := range []struct {
@@ -635,6 +686,37 @@ func TestFlatServerSpread(t *testing.T) {
 	}
 	if d := round(moving); d.Replicas != 2 {
 		t.Errorf("beside a server that fell to 40 GiB five minutes ago: Round = %d %s, want 2\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+}
+
+// A pod of a workload never seen is priced to learn it at no less than
+// the median of the pods that came here, once three came, however little
+// room is left: at half the room left alone, a team's notebooks, each its
+// own workload and each loading a 7-10 GiB model, let a seventh in at
+// 2.8 GiB beside 42.5 GiB used of 48, and when a student loaded a second
+// model the card OOMed 37 times (test/traces/unseen/jupyter-48g-team.yaml,
+// now twice).
+func TestLearnerNotBelowWhatComes(t *testing.T) {
+	def := DefaultConfig()
+	notebooks := map[string]uint64{"lab/nb-1/c": 8 * GiB, "lab/nb-2/c": 10 * GiB, "lab/nb-3/c": 7 * GiB, "lab/nb-4/c": 9 * GiB}
+	at := func(tm time.Time) map[string]uint64 {
+		m := map[string]uint64{"svc/embed/c": 8*GiB + GiB/2}
+		if tm.After(now.Add(-3 * time.Hour)) { // no longer jobs (transientAge)
+			maps.Copy(m, notebooks)
+		}
+		return m
+	}
+	room := func(left uint64) Decision {
+		o := onCard(5, card(42*GiB+GiB/2+left, 4*time.Hour, 5, at))
+		o.Pending = []PendingPod{{Workload: "Job/lab/nb-5", Replicas: 1, Since: now.Add(-time.Minute)}}
+		d, _ := replay(def, o)
+		return d
+	}
+	if d := room(5*GiB + GiB/2); d.Replicas != 5 { // 48 GiB
+		t.Errorf("5.5 GiB left, notebooks of 7-10 GiB: Round = %d %s, want 5: no notebook let in\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+	if d := room(20 * GiB); d.Replicas != 6 {
+		t.Errorf("20 GiB left: Round = %d %s, want 6: the notebook let in\nmessage: %s", d.Replicas, d.Reason, d.Message)
 	}
 }
 

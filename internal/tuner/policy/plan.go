@@ -30,6 +30,9 @@ type gpuView struct {
 	// sizes is the distribution of the pod sizes this node has seen: it
 	// prices a pod whose workload is not known.
 	sizes sizes
+	// came are the sizes of the pods that ended here and of those running
+	// that came after the tuner's first look (sizesOf without residents).
+	came sizes
 	// rank is the price of a stranger by the ranks of the node's job
 	// sizes, when rankOK (rankPrice; computed once a round).
 	rank   item
@@ -96,7 +99,7 @@ func newGPUView(cfg Config, obs *Observation, g GPUObservation, nodeFootprint ui
 	// The node's sizes, the stranger's price and the latest ledger; once
 	// more when a hopeless loop is found, which each reads.
 	price := func() {
-		v.sizes = v.nodeSizes()
+		v.sizes, v.came = v.nodeSizes(), v.sizesOf(false)
 		if rank {
 			v.rank, v.rankOK = v.rankPrice()
 		}
@@ -416,8 +419,9 @@ func (v gpuView) full(led ledger) (int, string) {
 // that pod reached: a service that OOMed once while loading a model
 // (on-demand models, generated seed 54) and then runs for two days would
 // otherwise hold the node below that count, and 228 pods out, for its
-// whole life, while the ledger already prices what it showed. It returns
-// math.MaxInt when nothing holds.
+// whole life, while the ledger already prices what it showed. Nor does it
+// hold when the pods it OOMed with all still run and stay (inseparable): no
+// count below them parts them. It returns math.MaxInt when nothing holds.
 func (v gpuView) banned() (int, string, time.Time) {
 	limit, who, when := math.MaxInt, "", time.Time{}
 	for c := range v.window[len(v.window)-1].ContainerPeaks {
@@ -425,11 +429,58 @@ func (v gpuView) banned() (int, string, time.Time) {
 		if !ok || w.OOMAllocated == 0 || w.OOMContainer != c || v.now.Sub(w.LastOOM) >= min(v.cfg.Remember, PeakHold) || v.hopeless[c] {
 			continue
 		}
+		if v.inseparable(c, w.LastOOM, w.OOMAllocated, nil) {
+			continue
+		}
 		if w.OOMAllocated-1 < limit || (w.OOMAllocated-1 == limit && c < who) {
 			limit, who, when = w.OOMAllocated-1, c, w.LastOOM
 		}
 	}
 	return limit, who, when
+}
+
+// inseparable says whether the OOM of container c at t, with a pods
+// holding replicas (there: the containers the OOM's sample showed, nil when
+// it has left the window), was among pods that all still run and stay: c,
+// restarting in place (its replica still held) but not in a loop, and the
+// others that were there at t, each known to the record
+// (Memory.Containers) as a pod that stays: not a job that may leave
+// (mayLeave), and running for transientAge already or of a workload whose
+// pods run that long (a pod there when the tuner first looked is no
+// service by that alone). A job among them, running now or shown at the
+// OOM, can be parted from the others by a count, and so can a pod that has
+// gone. No count parts pods that stay, and one below a only keeps out pods
+// that the ledger prices beside them.
+func (v gpuView) inseparable(c string, t time.Time, a int, there map[string]uint64) bool {
+	stays := func(r string) bool {
+		cm, seen := v.obs.Memory.Containers[r]
+		if !seen || cm.FirstSeen.After(t) || v.mayLeave(r) {
+			return false
+		}
+		w := v.obs.Memory.Workloads[v.obs.workload(r)]
+		return v.age(r) >= transientAge || (w.Known(v.cfg) && w.Lifetime >= transientAge)
+	}
+	latest := v.window[len(v.window)-1]
+	if cm := v.obs.Memory.Containers[c]; cm.OOMs >= 2 || !stays(c) || latest.ReplicasAllocated < a {
+		return false
+	}
+	for r := range there {
+		if _, running := latest.ContainerPeaks[r]; r != c && (!running || !stays(r)) {
+			return false
+		}
+	}
+	n := 1
+	for r := range latest.ContainerPeaks {
+		cm, seen := v.obs.Memory.Containers[r]
+		switch {
+		case r == c || !seen || cm.FirstSeen.After(t):
+		case v.mayLeave(r):
+			return false
+		case stays(r):
+			n++
+		}
+	}
+	return n >= a
 }
 
 // gibf writes a byte budget that may be negative.

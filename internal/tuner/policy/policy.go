@@ -25,12 +25,14 @@
 //
 // A GPU OOM that sharing caused, measured fullness, a crash loop being
 // evicted and maxReplicas lower at once, below the count the tuner found
-// (Memory.Base) if need be; the objective never lowers below it. No raise
-// with a sharing OOM in the window, under sustained pressure, before the
-// window is covered, at maxReplicas, or for the container that OOMed with
-// that many pods within PeakHold. Nothing is judged while the last change
-// is still on its way. A change is not undone before it has settled (its
-// latency plus Config.Settle) unless an OOM came since.
+// (Memory.Base) if need be; the objective never lowers below it. An OOM
+// among pods that all still run and stay lowers nothing and bans nothing:
+// no count parts them. No raise with a sharing OOM in the window, under
+// sustained pressure, before the window is covered, at maxReplicas, or for
+// the container that OOMed with that many pods within PeakHold. Nothing is
+// judged while the last change is still on its way. A change is not undone
+// before it has settled (its latency plus Config.Settle) unless an OOM
+// came since.
 //
 // Each GPU is judged on its own; the node gets the smallest answer of its
 // GPUs. GPUs the config leaves out of time-slicing are not judged. Below the

@@ -25,13 +25,13 @@ var unseenVerdicts = map[string]string{
 	"comfyui-24g-spikes":        "",
 	"frigate-immich-12g-steady": "",
 	"jellyfin-12g-nvenc":        "",
-	"jupyter-48g-team":          "missRaiseOOM",
+	"jupyter-48g-team":          "missRaiseOOM", // 2 OOM events, 1 after a raise: 37 until a stranger was priced no lower than the pods that came (TestLearnerNotBelowWhatComes)
 	"katib-80g-sweep":           "missLearning",
 	"late-step-48g":             "",
 	"nightly-train-24g-grow":    "missWait",
 	"nofit-24g-finetune":        "missStranger",
 	"ollama-16g-swap":           "missWait",
-	"ollama-48g-70b":            "missLearning",
+	"ollama-48g-70b":            "", // missLearning until an OOM among pods that stay no longer lowered the count below them (TestOOMAmongPodsThatStay)
 	"sdwebui-12g-spikes":        "",
 	"vllm-48g-reserved":         "missNeverStarted",
 	"week-16g-mix":              "",
