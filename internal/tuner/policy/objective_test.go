@@ -353,17 +353,18 @@ func TestObjectiveCrashLoops(t *testing.T) {
 }
 
 // An OOM among pods that all stay (services running for hours, none in a
-// loop) is not parted by any count: the count is not
-// lowered below them on it, nor held there by the ban, and the pods that
-// come are weighed against the ledger. Among a job that may leave the
-// OOM lowers the count as before.
+// loop) is not parted by any count: the count is not lowered below them
+// on it, nor held there by the ban, and the pods that come are weighed
+// against the ledger. Among a job that may leave the OOM lowers the count
+// as before.
 // test/traces/unseen/ollama-48g-70b.yaml: a 40 GiB model's first load
 // among three services lowered 6 -> 2 and the ban held 2 for six hours,
 // every 6 GiB eval job waiting, where static:6 ran them with no more OOMs.
 func TestOOMAmongPodsThatStay(t *testing.T) {
 	const big = "ai/ollama-big/ollama"
 	services := map[string]uint64{big: GiB / 2, "ai/ollama-small/ollama": 10 * GiB, "ai/embed/c": 3 * GiB}
-	// The pods have run for span: three hours, but for the first look.
+	// The services have run for span, three hours unless given: since
+	// the tuner's first look, the window's first sample.
 	obs := func(cur int, mix func(time.Time) map[string]uint64, ago time.Duration, span ...time.Duration) Observation {
 		ss := card(48*GiB, append(span, 3*time.Hour)[0], cur, mix)
 		ss = with(ss, func(_ int, s Sample) bool { return s.Time.Equal(now.Add(-ago)) }, func(s *Sample) {
