@@ -343,10 +343,7 @@ func (v gpuView) weighMPS(led ledger, q []mpsDemand, n int) candidate {
 	c := candidate{n: n}
 	total := float64(led.s.MemoryTotalBytes)
 	L := float64(mps.MemoryLimit(led.s.MemoryTotalBytes, n))
-	a := led.s.ReplicasAllocated
-	if a == 0 && len(led.running) > 0 {
-		a = max(v.cur, len(led.running))
-	}
+	a := v.allocated(led)
 	cs := v.clients(led)
 	mean, vr := led.other, 0.0
 	for _, cl := range cs {
@@ -469,7 +466,7 @@ func (v gpuView) decideMPS(lastChange time.Time, loops []CrashLoop) Decision {
 		b.hi, b.hiReason = cur, ReasonRecentOOM
 		b.hiMessage = fmt.Sprintf("%d client(s) found the GPU full in the last %s: the running clients' limits over-commit it", n, cfg.Window)
 	}
-	b.holdWhilePodEnds(led.s, cur)
+	b.holdWhilePodEnds(led.s, cur, v.countsAllocation)
 	if settling {
 		switch v.obs.LastDirection {
 		case DirectionUp:

@@ -614,12 +614,7 @@ const maxHandoffs = 4
 func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	c := candidate{n: n}
 	total := float64(led.s.MemoryTotalBytes)
-	a := led.s.ReplicasAllocated
-	if a == 0 && len(led.running) > 0 {
-		// Pods run but the source does not say how many replicas they
-		// hold (no PodResources): every replica may be taken.
-		a = max(v.cur, len(led.running))
-	}
+	a := v.allocated(led)
 	mean, vr := led.held()
 	c.risk = overflow(total, mean, vr)
 	if n < a {
@@ -1040,9 +1035,10 @@ type bounds struct {
 // holdWhilePodEnds forbids a lowering below cur in the round a pod ended:
 // more containers in sample s than replicas held means a pod ended since
 // the last sample and its peak is still in this one. The ledger holds it
-// for a round; a lowering on it would be undone the next.
-func (b *bounds) holdWhilePodEnds(s Sample, cur int) {
-	if len(s.ContainerPeaks) > s.ReplicasAllocated && s.ReplicasAllocated > 0 {
+// for a round; a lowering on it would be undone the next. Where the source
+// counts no replicas (counts false) the containers tell nothing.
+func (b *bounds) holdWhilePodEnds(s Sample, cur int, counts bool) {
+	if len(s.ContainerPeaks) > s.ReplicasAllocated && counts {
 		b.lo, b.loReason = cur, ReasonAwaitingApply
 		b.loMessage = fmt.Sprintf("%d containers in the sample and %d replicas held: a pod has just ended", len(s.ContainerPeaks), s.ReplicasAllocated)
 	}
@@ -1161,7 +1157,7 @@ func (v gpuView) decide(lastChange time.Time) Decision {
 	if banned, c, at := v.banned(); banned < b.hi {
 		narrowHi(banned, ReasonRememberedOOM, "%s, still running, OOMed on a full GPU with %d pods at %s", c, banned+1, at.Format(time.RFC3339))
 	}
-	b.holdWhilePodEnds(led.s, cur)
+	b.holdWhilePodEnds(led.s, cur, v.countsAllocation)
 	if settling {
 		switch v.obs.LastDirection {
 		case DirectionUp:

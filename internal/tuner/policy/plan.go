@@ -57,6 +57,10 @@ type gpuView struct {
 	// false when there is none (no sample, or its total unknown).
 	latest ledger
 	ok     bool
+	// countsAllocation: a sample of the window counted replicas held, so
+	// the source reads them (PodResources) and a count of none is none,
+	// not unknown (allocated).
+	countsAllocation bool
 	// hopeless are the containers of this GPU in a crash loop that no
 	// count ends (hopelessLoops): reserved at what they reached, their
 	// OOMs no evidence against the count.
@@ -84,6 +88,7 @@ func newGPUView(cfg Config, obs *Observation, g GPUObservation, nodeFootprint ui
 	v.unattributed = make([]uint64, len(v.window))
 	var u uint64
 	for i, s := range v.window {
+		v.countsAllocation = v.countsAllocation || s.ReplicasAllocated > 0
 		var sum uint64
 		for c, p := range s.ContainerPeaks {
 			v.peaks[c] = max(v.peaks[c], p)
@@ -121,6 +126,24 @@ func newGPUView(cfg Config, obs *Observation, g GPUObservation, nodeFootprint ui
 		}
 	}
 	return v
+}
+
+// allocated is how many replicas the pods of led hold: its sample's
+// count, or, where the source counts none while pods run and no sample of
+// the window counted any (no PodResources), every replica the count in
+// effect or its pods may take. A count of none from a source that counts
+// them is the last pod's end, its peak still in the sample: taken for an
+// unknown count, a queue's last Whisper job ending made the forecast see
+// four replicas held and one spare at five, and the count was raised
+// 4 -> 5 on an idle card, then lowered 5 -> 3 five minutes later, when
+// five spares were 91% to overflow it; the next burst waited at 3
+// (test/traces/unseen/whisper-16g-queue.yaml, every hour).
+func (v gpuView) allocated(led ledger) int {
+	a := led.s.ReplicasAllocated
+	if a == 0 && len(led.running) > 0 && !v.countsAllocation {
+		a = max(v.cur, len(led.running))
+	}
+	return a
 }
 
 // item is one pod in a forecast: the bytes it is expected to hold at most
