@@ -193,8 +193,11 @@ type PendingPod struct {
 	// Replicas is how many replicas it asks for (its resource request).
 	Replicas int
 	// Since is when it started waiting (its creation); zero when unknown.
-	// A pod that has waited long is worth more risk: what it saves by
-	// being let in now grows with what it has already waited.
+	// It tells a pod that came after the tuner's first look from one the
+	// node was given with the pods it runs (late), and a service's
+	// replacement from a queued job (restarted). It does not make a pod
+	// worth more risk: a patience that grew with the wait was tried and
+	// let in pods that did not fit (docs/tuner-policy.md).
 	Since time.Time
 }
 
