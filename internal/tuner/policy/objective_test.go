@@ -1264,3 +1264,46 @@ func TestLastPodEnds(t *testing.T) {
 		t.Errorf("no replicas counted: %d %s, want no lowering below the pod shown\nmessage: %s", d.Replicas, d.Reason, d.Message)
 	}
 }
+
+// A pod let in now, or handed a departing pod's replica, may itself leave
+// while the count holds, and its replica goes on to the next waiting pod,
+// whatever its size: a CI push's short unit tests take the replicas of the
+// first to leave and leave in turn, and the model test queued behind them
+// gets the third. Counting only the pods running now as leavers, a 24 GiB
+// card with 21 GiB forecast after the raise took 3 -> 5 at a 0.24% risk and
+// OOMed five minutes later (test/traces/unseen/ci-24g-push-bursts).
+func TestHandoffChain(t *testing.T) {
+	def := DefaultConfig()
+	unit, model, integ := "Job/ci/gpu-unit", "Job/ci/gpu-model", "Job/ci/gpu-integration"
+	// Three jobs started since the tuner came: two unit tests 90 s ago,
+	// a model test 45 s ago.
+	started := map[string]time.Duration{"ci/unit-a/c": 90 * time.Second, "ci/unit-b/c": 90 * time.Second, "ci/model-a/c": 45 * time.Second}
+	sizes := map[string]uint64{"ci/unit-a/c": 2 * GiB, "ci/unit-b/c": GiB, "ci/model-a/c": 4*GiB + GiB/2}
+	at := func(tm time.Time) map[string]uint64 {
+		m := map[string]uint64{}
+		for c, age := range started {
+			if tm.After(now.Add(-age)) {
+				m[c] = sizes[c]
+			}
+		}
+		return m
+	}
+	lived := func(w WorkloadMemory, d time.Duration) WorkloadMemory { w.Lifetime = d; return w }
+	o := onCard(3, card(24*GiB, time.Hour, 3, at))
+	o.LastChange = now.Add(-time.Hour)
+	o.ContainerWorkloads = map[string]string{"ci/unit-a/c": unit, "ci/unit-b/c": unit, "ci/model-a/c": model}
+	o.Memory.Workloads = map[string]WorkloadMemory{
+		unit:  lived(job(GiB, 3*GiB/2, 2*GiB, 3*GiB/2, GiB, 2*GiB), 5*time.Minute),
+		model: lived(job(4*GiB+GiB/2, 4*GiB+GiB/2, 5*GiB, 4*GiB, 4*GiB+GiB/2), 12*time.Minute),
+		integ: lived(job(9*GiB, 9*GiB, 9*GiB), 10*time.Minute),
+	}
+	// Queued behind the integration and a model test: two unit tests,
+	// then another model test.
+	for i, w := range []string{integ, model, unit, unit, model} {
+		o.Pending = append(o.Pending, PendingPod{Workload: w, Replicas: 1, Since: now.Add(-time.Duration(60-i) * time.Second)})
+	}
+	d, _ := replay(def, o)
+	if d.Replicas > 4 {
+		t.Errorf("Round = %d %s, want at most 4: at 5 the unit tests' replicas go on to the model test behind them\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+}
