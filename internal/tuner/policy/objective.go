@@ -592,9 +592,10 @@ type candidate struct {
 	// risk is the expected number of GPU OOM incidents while the count
 	// holds: one chance for each pod it lets in, in queue order, then for
 	// each spare replica a pod of the node's size; and the replicas of the
-	// running pods that leave first handed on, before any sample sees them,
-	// to the pods still waiting, then to pods not here yet with the chance
-	// that one comes while the count stands.
+	// pods that leave first (running jobs, and the short jobs it lets in or
+	// hands a replica to) handed on, before any sample sees them, to the
+	// pods still waiting, then to pods not here yet with the chance that
+	// one comes while the count stands.
 	risk float64
 	// admitted counts the waiting pods it lets in now, spares the replicas
 	// left for pods not here yet; saved is the waiting it saves them.
@@ -731,13 +732,13 @@ func (v gpuView) weigh(led ledger, q []demand, n int) candidate {
 	for len(next) < min(len(leaving), maxHandoffs) && arrival.mean > 0 {
 		next = append(next, arrival)
 	}
-	pool := slices.Clone(leaving)
 	lefts := slices.Clone(left)
-	for j := range min(len(next), maxHandoffs) {
-		if j < len(joins) && joins[j] >= 0 {
-			lefts = append(lefts, joins[j])
+	for _, l := range joins[:min(len(joins), maxHandoffs)] {
+		if l >= 0 {
+			lefts = append(lefts, l)
 		}
 	}
+	pool := leaving // not read again: the chain takes its leavers from it
 	pArr := 1 - math.Exp(-rate*exposure.Seconds())
 	// The next departure hands its replica on whenever it comes, before
 	// any round sees it; each one after it only if it comes too before the
