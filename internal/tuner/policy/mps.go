@@ -170,7 +170,7 @@ func (v gpuView) mpsQueue(led ledger) []mpsDemand {
 // second day (75 OOM events against 50, for 17,000 pod-seconds less
 // waiting: at the 6 h OOM price, the worse trade).
 func (v gpuView) mpsArrival(led ledger) item {
-	a := v.arrival(led)
+	a, _ := v.arrival(led)
 	for _, w := range v.obs.Memory.Workloads {
 		if w.CapBytes > 0 && v.now.Sub(w.CapAt) <= v.cfg.Remember {
 			if need := capNeed(w.CapBytes); need > a.mean {

@@ -44,10 +44,12 @@ type gpuView struct {
 	// locked is how long the count in effect still stands before it may
 	// move the other way (0: it may move now).
 	locked time.Duration
-	// arrivalItem and rate are arrival and arrivalRate of the latest
-	// ledger: decide sets them once a round, before weighing any count.
-	arrivalItem item
-	rate        float64
+	// arrivalItem, soonItem and rate are arrival (the price of a pod not
+	// here yet, and of one that comes while a count stands) and
+	// arrivalRate of the latest ledger: decide sets them once a round,
+	// before weighing any count.
+	arrivalItem, soonItem item
+	rate                  float64
 	// departures is departureRate of the latest round.
 	departures float64
 	// burst is how many pods come per second in a burst now: the last
