@@ -507,7 +507,7 @@ func (v gpuView) settled(c string) bool {
 // one deviation) than the whole record's. A nightly 17 GiB fine-tune that
 // ended twelve hours before put every handoff of a day of 2-3 GiB
 // captioning jobs at 3.0 ± 10.9 GiB, and a waiting 3 GiB job was kept off
-// a 24 GiB card with 5.2 GiB used for 20 minutes a day
+// a 24 GiB card with 5.2 GiB used for 21 minutes
 // (test/traces/unseen/nightly-train-24g-grow: 2,035 pod-seconds pending
 // against static:5's none; TestHandoffToRecentArrivals). Lately is only a
 // sign that the record's tail is not coming now: its few pods, priced

@@ -1316,7 +1316,7 @@ func TestHandoffChain(t *testing.T) {
 // in the next minutes of a day of 2-3 GiB captioning jobs. Priced from
 // every size the node kept (3.0 ± 10.9 GiB), the handoff kept a waiting
 // 3 GiB job off a 24 GiB card with 5.2 GiB used, by one pod-second of
-// cost, for 20 minutes a day
+// cost, for 21 minutes
 // (test/traces/unseen/nightly-train-24g-grow.yaml: 2,035 pod-seconds
 // pending against static:5's none).
 func TestHandoffToRecentArrivals(t *testing.T) {

@@ -28,7 +28,7 @@ var unseenVerdicts = map[string]string{
 	"jupyter-48g-team":          "missRaiseOOM", // 2 OOM events, 1 after a raise: 37 until a stranger was priced no lower than the pods that came (TestLearnerNotBelowWhatComes)
 	"katib-80g-sweep":           "missLearning",
 	"late-step-48g":             "",
-	"nightly-train-24g-grow":    "missRound", // missWait (2,035 pod-seconds pending against static:5's none) until a handoff to a pod not here yet was priced like the pods that came lately (TestHandoffToRecentArrivals): 25, a round's wait of three jobs, each for a spare priced at the nightly 17 GiB job's tail
+	"nightly-train-24g-grow":    "missRound", // missWait (2,035 pod-seconds pending against static:5's none) until a handoff to a pod not here yet was priced like the pods that came lately (TestHandoffToRecentArrivals): 25, six jobs each waiting a round (1-8 s) for a raise that a spare, still priced at the nightly 17 GiB job's tail, would have spared them
 	"nofit-24g-finetune":        "missStranger",
 	"ollama-16g-swap":           "missWait",
 	"ollama-48g-70b":            "", // missLearning until an OOM among pods that stay no longer lowered the count below them (TestOOMAmongPodsThatStay)
