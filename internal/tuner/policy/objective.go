@@ -547,11 +547,11 @@ func (v gpuView) arrival(led ledger) (a, soon item) {
 		a = v.sizesBounded(residentBound*v.explorer(true).mean, led.s.ContainerPeaks).stranger()
 	}
 	soon = a
-	if len(v.came.sorted) >= minCame {
-		if lately := v.cameSince(v.now.Add(-PeakHold)); len(lately.sorted) >= minCame {
-			if l := lately.stranger(); l.mean+l.sd < a.mean+a.sd {
-				soon = l
-			}
+	// The pods that came lately are some of those that came: fewer than
+	// minCame came, fewer than that came lately too.
+	if lately := v.cameSince(v.now.Add(-PeakHold)); len(lately.sorted) >= minCame {
+		if l := lately.stranger(); l.mean+l.sd < a.mean+a.sd {
+			soon = l
 		}
 	}
 	shown := 0.0
