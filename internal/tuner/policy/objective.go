@@ -356,18 +356,11 @@ func (d demand) shares() (string, bool) {
 //     at the node's typical size (explorer); any other stranger at the
 //     node's distribution (stranger).
 func (v gpuView) queue(led ledger) []demand {
-	shown := map[string]float64{} // workloads being learnt: the most their running pods showed
-	rising := map[string]bool{}   // ... with a pod that may still grow (not settled)
-	learning := false
+	learnt := v.beingLearnt(led)
+	learning := len(learnt) > 0
 	running := map[string]bool{} // workloads with a pod running
 	for c := range led.s.ContainerPeaks {
-		wl := v.obs.workload(c)
-		running[wl] = true
-		if !v.obs.Memory.Workloads[wl].Known(v.cfg) && v.age(c) < v.cfg.Window {
-			shown[wl] = max(shown[wl], float64(v.peaks[c]))
-			rising[wl] = rising[wl] || !v.settled(c)
-			learning = true
-		}
+		running[v.obs.workload(c)] = true
 	}
 	stranger := v.sizes.stranger()
 	guess := !v.rankOK && v.jobsSeen() < v.learner(true).mean
@@ -376,7 +369,8 @@ func (v gpuView) queue(led ledger) []demand {
 		d := demand{replicas: max(p.Replicas, 1), patience: max(v.cfg.Window, v.cfg.Settle).Seconds()}
 
 		w := v.obs.Memory.Workloads[p.Workload]
-		s, sibling := shown[p.Workload]
+		l, sibling := learnt[p.Workload]
+		s := l.shown
 		switch {
 		case w.Known(v.cfg):
 			m := float64(w.PeakBy(v.horizon(p)))
@@ -407,10 +401,11 @@ func (v gpuView) queue(led ledger) []demand {
 		case sibling && s == 0:
 			// Its first pod has shown nothing yet, or is let in now.
 			d.learning, d.none = true, true
-		case sibling && !rising[p.Workload]:
-			// Its first pod has reached its size and held it for
-			// settleSpan: a pod of its workload is priced at that size,
-			// uncertain as one pod of a workload seen once. At twice
+		case sibling && l.steady:
+			// Its oldest pod has reached its size and held it for
+			// settleSpan (beingLearnt): a pod of its workload is
+			// priced at that size, uncertain as one pod of a workload
+			// seen once. At twice
 			// it, a job that loaded 13 GiB in a minute and held it for
 			// eight priced its sibling at 26 GiB, the count was lowered
 			// to keep the departing job's replica from it, and the
@@ -422,14 +417,14 @@ func (v gpuView) queue(led ledger) []demand {
 		case !learning && v.explorer(v.late(p)).mean > 0:
 			d.item, d.explore, d.stranger = v.explorer(v.late(p)), true, true
 			learning = true
-			shown[p.Workload] = 0 // let in now: its siblings wait for it
+			learnt[p.Workload] = lesson{} // let in now: its siblings wait for it
 		default:
 			// Another workload never seen, while one is being learnt: no
 			// cheaper than the first, and let in now, so its siblings wait
 			// for it too.
 			d.item, d.stranger = v.explorer(v.late(p)), true
-			if _, ok := shown[p.Workload]; !ok {
-				shown[p.Workload] = 0
+			if _, ok := learnt[p.Workload]; !ok {
+				learnt[p.Workload] = lesson{}
 			}
 		}
 		if d.stranger && !d.explore && guess && v.late(p) {
@@ -447,6 +442,50 @@ func (v gpuView) queue(led ledger) []demand {
 		out = append(out, d)
 	}
 	return out
+}
+
+// beingLearnt is, for each workload being learnt (not known, a pod of it
+// running for less than a Window), the most its running pods have shown,
+// and whether that size is steady: every pod of it has settled (held its
+// peak for settleSpan), or its oldest has and no younger one has passed
+// it. A younger pod still loading follows the path the oldest took; only
+// the oldest has shown where that path ends. Taken as rising while any
+// pod of it was still loading, a Whisper queue's third job was priced at
+// twice the 3.4 GiB its first had held for five minutes, because the
+// second had reached 3.4 GiB only three minutes before, and waited for
+// the first to end where static:4 let it in
+// (test/traces/unseen/whisper-16g-queue; TestSiblingsOfASettledFirstPod).
+// Steady only by the oldest, a burst whose younger jobs had passed its
+// oldest and all settled waited three minutes more (generated seed 13).
+func (v gpuView) beingLearnt(led ledger) map[string]lesson {
+	out := map[string]lesson{}
+	for c := range led.s.ContainerPeaks {
+		wl := v.obs.workload(c)
+		if v.obs.Memory.Workloads[wl].Known(v.cfg) || v.age(c) >= v.cfg.Window {
+			continue
+		}
+		l, seen := out[wl]
+		l.shown = max(l.shown, float64(v.peaks[c]))
+		l.rising = l.rising || !v.settled(c)
+		if a, o := v.age(c), v.age(l.oldest); !seen || a > o || a == o && c < l.oldest {
+			l.oldest = c
+		}
+		out[wl] = l
+	}
+	for wl, l := range out {
+		l.steady = !l.rising || v.settled(l.oldest) && l.shown <= (1+settledSpread)*float64(v.peaks[l.oldest])
+		out[wl] = l
+	}
+	return out
+}
+
+// lesson is what the running pods of a workload being learnt show
+// (beingLearnt).
+type lesson struct {
+	shown  float64 // the most they have shown
+	steady bool    // whether that size holds
+	oldest string  // the one that has run longest
+	rising bool    // whether one of them has not settled
 }
 
 // settleSpan is how long a pod of a workload being learnt must have held
@@ -475,11 +514,12 @@ func (v gpuView) settled(c string) bool {
 // arrival is the price of a pod not here yet, the one a spare replica or a
 // departing pod's replica goes to: a pod of the node's size (stranger); but
 // while a workload with siblings is being learnt (hasSiblings), at least
-// twice what its pods have shown and no cheaper than a stranger's first pod
-// (learner): the pods that come next are most likely its siblings, and a
-// sibling is let in only at twice what the first showed (a burst that
-// loads 6 GiB and grows to 12 GiB after two minutes took every spare
-// replica on an 80 GiB card at 6 GiB, then crashed 16 times). That floor is
+// twice what its pods have shown (what they hold, once steady:
+// beingLearnt) and no cheaper than a stranger's first pod (learner): the
+// pods that come next are most likely its siblings, priced as a waiting
+// sibling is (a burst that loads 6 GiB and grows to 12 GiB after two
+// minutes took every spare replica on an 80 GiB card at 6 GiB, then
+// crashed 16 times). That floor is
 // the bounded-learning price (learner), as before rankPrice: the ranks
 // price a waiting stranger's admission, while a replica for a pod not here
 // yet is weighed against the node's sizes (stranger) already.
@@ -555,10 +595,20 @@ func (v gpuView) arrival(led ledger) (a, soon item) {
 		}
 	}
 	shown := 0.0
+	var learnt map[string]lesson
 	for c := range led.s.ContainerPeaks {
-		if !v.obs.Memory.Workloads[v.obs.workload(c)].Known(v.cfg) && v.age(c) < v.cfg.Window && v.hasSiblings(led, c) {
-			shown = max(shown, 2*float64(v.peaks[c]), v.learner(true).mean)
+		wl := v.obs.workload(c)
+		if v.obs.Memory.Workloads[wl].Known(v.cfg) || v.age(c) >= v.cfg.Window || !v.hasSiblings(led, c) {
+			continue
 		}
+		if learnt == nil {
+			learnt = v.beingLearnt(led)
+		}
+		s := learnt[wl].shown
+		if !learnt[wl].steady {
+			s *= 2
+		}
+		shown = max(shown, s, v.learner(true).mean)
 	}
 	for _, it := range []*item{&a, &soon} {
 		if shown > it.mean {

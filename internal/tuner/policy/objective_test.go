@@ -1348,3 +1348,66 @@ func TestHandoffToRecentArrivals(t *testing.T) {
 		t.Errorf("the fine-tune an hour gone: %d %s, want 3 kept: the next pod may be one like it\nmessage: %s", d.Replicas, d.Reason, d.Message)
 	}
 }
+
+// A workload being learnt whose oldest pod has held its size for
+// settleSpan prices its siblings at that size, though a younger pod of it
+// is still within its own first minutes: the younger one follows the path
+// the oldest took. A Whisper queue's third job was priced at twice the
+// 3.4 GiB its first had held for five minutes, because the second had
+// reached 3.4 GiB three minutes before, and waited for the first to end
+// (test/traces/unseen/whisper-16g-queue). A younger pod past the oldest
+// shows the size is not steady: twice what was shown, as before.
+func TestSiblingsOfASettledFirstPod(t *testing.T) {
+	def := DefaultConfig()
+	loads := func(since time.Duration, size uint64) func(time.Time) (uint64, bool) {
+		return func(tm time.Time) (uint64, bool) {
+			switch {
+			case tm.Before(now.Add(-since)):
+				return 0, false
+			case tm.Before(now.Add(-since + 30*time.Second)):
+				return 800 << 20, true
+			}
+			return size, true
+		}
+	}
+	run := func(second uint64, waiting bool) (Decision, gpuView) {
+		first, younger := loads(9*time.Minute, 3400<<20), loads(4*time.Minute, second)
+		o := onCard(2, card(16*GiB, 30*time.Minute, 2, func(tm time.Time) map[string]uint64 {
+			m := map[string]uint64{}
+			if b, ok := first(tm); ok {
+				m["q/w-1/c"] = b
+			}
+			if b, ok := younger(tm); ok {
+				m["q/w-2/c"] = b
+			}
+			return m
+		}))
+		o.ContainerWorkloads = map[string]string{"q/w-1/c": "Job/q/w", "q/w-2/c": "Job/q/w"}
+		o.Memory.Base = 2
+		o.Memory = remembered(def, o)
+		if waiting {
+			o.Pending = []PendingPod{{Workload: "Job/q/w", Replicas: 1, Since: now.Add(-10 * time.Second)}}
+		}
+		d, mem := Round(def, o)
+		o.Memory = mem
+		return d, newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+	}
+	d, v := run(3400<<20, true)
+	if q := v.queue(v.latest)[0]; q.mean > float64(3500<<20) {
+		t.Errorf("oldest pod settled: the sibling priced at %s ± %s, want the 3.4 GiB it holds", gibf(q.mean), gibf(q.sd))
+	}
+	roundIs(t, d, 3, ReasonSustainedHeadroom)
+	if a, _ := v.arrival(v.latest); a.mean >= float64(2*3400<<20) {
+		t.Errorf("oldest pod settled: a pod not here yet priced at %s, want less than twice the 3.4 GiB shown", gibf(a.mean))
+	}
+	d, v = run(4400<<20, true)
+	if q := v.queue(v.latest)[0]; q.mean < float64(2*4400<<20) {
+		t.Errorf("a younger pod past the oldest: the sibling priced at %s, want twice the 4.4 GiB shown", gibf(q.mean))
+	}
+	if d.Replicas != 2 {
+		t.Errorf("a younger pod past the oldest: Round = %d %s, want 2 kept\nmessage: %s", d.Replicas, d.Reason, d.Message)
+	}
+	if a, _ := v.arrival(v.latest); a.mean < float64(2*4400<<20) {
+		t.Errorf("a younger pod past the oldest: a pod not here yet priced at %s, want twice the 4.4 GiB shown", gibf(a.mean))
+	}
+}
