@@ -467,7 +467,9 @@ func (v gpuView) beingLearnt(led ledger) map[string]lesson {
 		l, seen := out[wl]
 		l.shown = max(l.shown, float64(v.peaks[c]))
 		l.rising = l.rising || !v.settled(c)
-		if a, o := v.age(c), v.age(l.oldest); !seen || a > o || a == o && c < l.oldest {
+		if !seen {
+			l.oldest = c
+		} else if a, o := v.age(c), v.age(l.oldest); a > o || a == o && c < l.oldest {
 			l.oldest = c
 		}
 		out[wl] = l
