@@ -886,6 +886,69 @@ func TestYoungPodOfVariedWorkload(t *testing.T) {
 	}
 }
 
+// A pod of a workload never seen, in its first window, is priced as a
+// stranger (explorer) until it has shown its size: once it grew to it from
+// under half and has held it for settleSpan, it is uncertain as one pod
+// of a workload seen once, not by the spread of every size the node has
+// seen. Priced at the node's ±8.7 GiB (thirty 2 GiB cron jobs and one
+// 18.5 GiB daily job) for its whole first window, each anonymous cron job
+// of a scheduled burst that had loaded 2 GiB and held it for five minutes
+// kept the next out of 27 GiB free (generated seed 67). A pod still at
+// its CUDA context keeps the stranger's spread: a notebook loads its
+// model minutes in.
+func TestLoadedStrangerShowsItsSize(t *testing.T) {
+	def := DefaultConfig()
+	reservation := func(at func(time.Time) uint64) item {
+		c := "adhoc/cron-33/c"
+		ss := card(48*GiB, 30*time.Minute, 3, func(tm time.Time) map[string]uint64 {
+			m := map[string]uint64{"svc/a/c": 10 * GiB}
+			if b := at(tm); b > 0 {
+				m[c] = b
+			}
+			return m
+		})
+		o := onCard(3, ss)
+		o.ContainerWorkloads = map[string]string{c: "Pod/adhoc/cron-33"}
+		o.Memory = remembered(def, o)
+		_, o.Memory = Round(def, o)
+		o.Memory.Sizes, o.Memory.SizesAt, o.Memory.Restarts = nil, nil, nil
+		for i := range 30 {
+			o.Memory.Sizes = append(o.Memory.Sizes, 2*GiB-GiB/8+uint64(i%3)*GiB/8)
+			o.Memory.SizesAt = append(o.Memory.SizesAt, now.Add(-time.Duration(30-i)*time.Minute))
+		}
+		o.Memory.Sizes = append(o.Memory.Sizes, 18*GiB+GiB/2)
+		o.Memory.SizesAt = append(o.Memory.SizesAt, now.Add(-time.Minute))
+		v := newGPUView(def, &o, o.GPUs[0], 0, 1, true)
+		if !v.rankOK || v.rank.sd < float64(5*GiB) {
+			t.Fatalf("the node's sizes price a stranger at %s ± %s (ranked %v), want a spread of several GiB", gibf(v.rank.mean), gibf(v.rank.sd), v.rankOK)
+		}
+		if w := v.obs.Memory.Workloads["Pod/adhoc/cron-33"]; w.Known(def) {
+			t.Fatalf("the pod's workload is known, want it never seen before")
+		}
+		return v.reservation(c, def.Window)
+	}
+	from := func(age time.Duration, steps ...uint64) func(time.Time) uint64 {
+		return func(tm time.Time) uint64 {
+			if !tm.After(now.Add(-age)) {
+				return 0
+			}
+			if tm.Before(now.Add(-age + 30*time.Second)) {
+				return steps[0]
+			}
+			return steps[1]
+		}
+	}
+	if r := reservation(from(6*time.Minute, GiB/2, 2*GiB)); r.mean < float64(2*GiB) || r.sd > 0.1*r.mean+1 {
+		t.Errorf("a job that loaded 2 GiB 30 s in and held it for five and a half minutes reserved at %s ± %s, want 2 GiB ± at most 10%%", gibf(r.mean), gibf(r.sd))
+	}
+	if r := reservation(from(3*time.Minute, GiB/2, 2*GiB)); r.sd < float64(5*GiB) {
+		t.Errorf("a job that loaded 2 GiB two and a half minutes ago reserved at %s ± %s, want a stranger's spread: it has not held it for %s", gibf(r.mean), gibf(r.sd), settleSpan)
+	}
+	if r := reservation(from(6*time.Minute, GiB/4, GiB/4+GiB/16)); r.sd < float64(5*GiB) {
+		t.Errorf("a pod at its 0.3 GiB context for six minutes reserved at %s ± %s, want a stranger's spread: it has loaded nothing yet", gibf(r.mean), gibf(r.sd))
+	}
+}
+
 // A raise's apply latency is not charged to the waiting pods it lets in:
 // they wait it whenever the count is raised for them, so keeping the
 // count spares them none of it. Charged, a 2.7% risk against a window's
