@@ -262,6 +262,7 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 	}
 	if !w.Known(v.cfg) && age < v.cfg.Window {
 		s := v.explorer(true)
+		m := max(float64(r), s.mean)
 		if v.loaded(c) {
 			// It loaded and has held what it loaded since: it has shown
 			// its size, uncertain as a pod of a workload seen once. At
@@ -270,10 +271,9 @@ func (v gpuView) reservation(c string, horizon time.Duration) item {
 			// that had held its 2 GiB for five minutes kept the next
 			// out of 27 GiB free (generated seed 67;
 			// TestLoadedStrangerShowsItsSize).
-			m := max(float64(r), s.mean)
 			return item{mean: m, sd: min(s.sd, max(v.podSpread, strangerSpread)*m)}
 		}
-		return item{mean: max(float64(r), s.mean), sd: s.sd}
+		return item{mean: m, sd: s.sd}
 	}
 	// A pod still loading is on its way to its workload's size, not to
 	// what it shows now: each job of a burst ramps at its own pace, so the
