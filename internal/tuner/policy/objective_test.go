@@ -1476,8 +1476,8 @@ func TestSiblingsOfASettledFirstPod(t *testing.T) {
 }
 
 // A pod that came since the last sample, beside a free replica, is the
-// scheduler's to place, and it places it before a lowering takes effect:
-// the count is not lowered under it on a guess. vLLM holds 43.2 GiB of 48
+// scheduler's to place, while a lowering reaches the node only after its
+// apply latency: the count is not lowered under it on a guess. vLLM holds 43.2 GiB of 48
 // to the byte and a reranker 1.2 GiB; the third replica, a spare, is
 // wanted by a 3.5 GiB layout job that came five seconds ago (a 45% risk
 // at 3). Lowered in that round with no latency, the job headed the queue

@@ -39,6 +39,9 @@ var unseenVerdicts = map[string]string{
 	"whisper-16g-queue":         "", // missRound (495 pod-seconds behind static:4, over a day of flaps) until the last pod's end no longer raised an idle card (TestLastPodEnds): 2 changes, not 48; then missLearning (207 behind, one job priced at twice what its first pod had held for five minutes) until a workload's oldest settled pod priced its siblings (TestSiblingsOfASettledFirstPod)
 }
 
+// unseenVerdictsPlugin is unseenVerdicts in plugin mode: the same
+// verdicts since vllm-48g-reserved, which met the bar only in plugin
+// mode, meets it in both.
 var unseenVerdictsPlugin = maps.Clone(unseenVerdicts)
 
 // TestCriterionUnseen judges every trace of test/traces/unseen as the
