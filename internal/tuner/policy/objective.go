@@ -1218,7 +1218,7 @@ func (b *bounds) holdForComers(v gpuView, alloc, cur int) {
 	}
 	if to := min(cur, alloc+came); came > 0 && to > b.lo {
 		b.lo, b.loReason = to, ReasonFreeReplicas
-		b.loMessage = fmt.Sprintf("%d of %d replicas are free and %d pod(s) came for them since the last sample: the scheduler places them before a lowering would take effect", free, cur, came)
+		b.loMessage = fmt.Sprintf("%d of %d replicas are free and %d pod(s) came for them since the last sample: they are the scheduler's to place, and a lowering would reach the node only after its apply latency", free, cur, came)
 	}
 }
 

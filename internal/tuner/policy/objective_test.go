@@ -1477,10 +1477,10 @@ func TestSiblingsOfASettledFirstPod(t *testing.T) {
 
 // A pod that came since the last sample, beside a free replica, is the
 // scheduler's to place, while a lowering reaches the node only after its
-// apply latency: the count is not lowered under it on a guess. vLLM holds 43.2 GiB of 48
-// to the byte and a reranker 1.2 GiB; the third replica, a spare, is
-// wanted by a 3.5 GiB layout job that came five seconds ago (a 45% risk
-// at 3). Lowered in that round with no latency, the job headed the queue
+// apply latency: the count is not lowered under it on a guess. vLLM holds
+// 43.2 GiB of 48 to the byte and a reranker 1.2 GiB; the third replica, a
+// spare, is wanted by a 3.5 GiB layout job that came five seconds ago (a
+// 45% risk at 3). Lowered in that round with no latency, the job headed the queue
 // all day and the small jobs behind it never started
 // (test/traces/unseen/vllm-48g-reserved.yaml, instant). A pod that has
 // waited beside a free replica for ten minutes is not the scheduler's
