@@ -441,8 +441,6 @@ func TestApplyCostOf(t *testing.T) {
 // pod's own, not sharing's (the OOM rule ignores it): twice in a row it is
 // no crash loop, and eviction would not end it.
 func TestObjectiveCrashLoopNeedsAFullGPU(t *testing.T) {
-	t.Skip("Remember counts ContainerMemory.OOMs for every OOM but a cap or an encoder session, full GPU or not, so decide reports " +
-		"the loop \"on a full GPU\" and, with EvictCrashLoops, evicts it and lowers 3 -> 1; reported to the lead")
 	peaks := map[string]uint64{"a/svc/c": 2 * GiB, "a/job-1/c": GiB}
 	ss := card(a6000, 30*time.Minute, 3, always(peaks))
 	for _, ago := range []time.Duration{5 * time.Minute, 2 * time.Minute} {

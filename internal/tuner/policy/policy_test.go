@@ -370,23 +370,28 @@ func TestDecideTightestGPUHoldsTheNode(t *testing.T) {
 // memory). Alone, GPU-1's three 10 GiB pods price a stranger at 10 GiB, and
 // 40 of 48 GiB is safe; with the trainer among the node's sizes, a spare
 // on GPU-1 has a 15% chance of an OOM, and a pod like it one of 100%.
+// GPU-1's own decision is checked: GPU-0 keeps its count as well, and a
+// tie names the lower UUID in the node's answer.
 func TestDecideSparePricedFromTheNodesSizes(t *testing.T) {
-	t.Skip("nodeSizes takes the running pods of the GPU judged only (v.peaks), not of the node, though its doc says the node's: " +
-		"GPU-1 takes a spare that a 20 GiB pod like GPU-0's would overflow; reported to the lead")
 	gpu0 := history(10*time.Minute, steady(20*GiB, 3, 3, map[string]uint64{"a/train/c": 20 * GiB}))
 	gpu1 := history(10*time.Minute, steady(30*GiB, 3, 3, map[string]uint64{"a/yolo/c": 10 * GiB, "a/esrgan/c": 10 * GiB, "a/rife/c": 10 * GiB}))
 	obs := Observation{Node: "n", Now: now, CurrentReplicas: 3, GPUs: []GPUObservation{{UUID: "GPU-0", Samples: gpu0}, {UUID: "GPU-1", Samples: gpu1}}}
-	d := Decide(DefaultConfig(), obs)
-	if d.Replicas != 3 || d.Reason != ReasonInsufficientHeadroom || d.GPU != "GPU-1" || d.FootprintBytes != 20*GiB {
-		t.Errorf("got %d %s on %s, footprint %d; want GPU-1 to hold at 3 (%s)", d.Replicas, d.Reason, d.GPU, d.FootprintBytes, d.Message)
+	cfg := DefaultConfig()
+	if d := decideGPU(cfg, obs, obs.GPUs[1], 20*GiB); d.Replicas != 3 || d.Reason != ReasonInsufficientHeadroom {
+		t.Errorf("GPU-1 beside the trainer's GPU: got %d %s, want a hold at 3 (%s)", d.Replicas, d.Reason, d.Message)
+	}
+	alone := Observation{Node: "n", Now: now, CurrentReplicas: 3, GPUs: obs.GPUs[1:]}
+	if d := decideGPU(cfg, alone, obs.GPUs[1], 10*GiB); d.Replicas != 4 {
+		t.Errorf("GPU-1 alone on its node: got %d %s, want a raise to 4, its spare priced from its own 10 GiB pods (%s)", d.Replicas, d.Reason, d.Message)
+	}
+	if d := Decide(cfg, obs); d.Replicas != 3 {
+		t.Errorf("the node: got %d %s on %s, want a hold at 3 (%s)", d.Replicas, d.Reason, d.GPU, d.Message)
 	}
 }
 
 // At the ceiling the hold names the ceiling: the spare the objective
 // would take is refused by maxReplicas, not by the memory.
 func TestDecideAtMaximumNamesTheCeiling(t *testing.T) {
-	t.Skip("decide never returns ReasonAtMaximum: b.hi = MaxReplicas carries no hiReason, so a hold at the ceiling reads " +
-		"InsufficientHeadroom with a 0% OOM risk in its message; reported to the lead")
 	cfg := DefaultConfig()
 	cfg.MaxReplicas = 4
 	roomy := history(10*time.Minute, steady(servicesUsed, 4, 4, servicePeaks))
@@ -404,8 +409,6 @@ func TestDecideAtMaximumNamesTheCeiling(t *testing.T) {
 // source without the kubelet's pod resources) says nothing about free
 // replicas: the count is not lowered on it.
 func TestDecideUnknownAllocationLowersNothing(t *testing.T) {
-	t.Skip("weigh takes ReplicasAllocated 0 as every replica free: with four pods running, pressure lowers 6 -> 1 (UnbackedReplicas) " +
-		"and a roomy GPU lowers too; the OOM rule reads 0 as unknown (the current count); reported to the lead")
 	pressured := with(history(10*time.Minute, steady(uint64(0.96*float64(a6000)), 6, 6, servicePeaks)),
 		func(int, Sample) bool { return true }, func(s *Sample) { s.ReplicasAllocated = 0 })
 	if d := Decide(DefaultConfig(), node(6, time.Time{}, pressured)); d.Replicas != 6 {
