@@ -97,7 +97,7 @@ func TestBadInputIsNamed(t *testing.T) {
 		{[]string{"--gpu.backend=cuda"}, `unknown --gpu.backend "cuda"`},
 		{[]string{"--gpu.backend=sim"}, "needs --sim.file"},
 		{[]string{"--gpu.backend=sim", "--sim.file=x", "--pods.source=etcd"}, `unknown --pods.source "etcd"`},
-		{[]string{"--gpu.backend=sim", "--sim.file=x", "--pods.source=none", "--oom.pattern=("}, "("},
+		{[]string{"--gpu.backend=sim", "--sim.file=x", "--pods.source=none", "--oom.pattern=("}, `invalid OOM pattern 0 "("`},
 		{[]string{"--log.level=loud"}, "--log.level"},
 		{[]string{"--gpu.backend=sim", "--sim.file=x", "--pods.source=apiserver", "--kubeconfig=/nonexistent/kubeconfig"}, "/nonexistent/kubeconfig"},
 	} {

@@ -93,6 +93,9 @@ func TestMarkExclusive(t *testing.T) {
 			t.Fatal(err)
 		}
 		out := semantics{nvidia: tc.nvidia}.markExclusive(f.Config(), gpus)
+		if len(out) != len(tc.want) {
+			t.Fatalf("devices %s (nvidia %v): %d GPUs out of %d", tc.devices, tc.nvidia, len(out), len(gpus))
+		}
 		for i, g := range out {
 			if g.Exclusive != tc.want[i] {
 				t.Errorf("devices %s (nvidia %v): %s exclusive = %v, want %v", tc.devices, tc.nvidia, g.UUID, g.Exclusive, tc.want[i])
