@@ -65,6 +65,9 @@ var Tuner = []string{
 	"gpuslice_tuner_config_invalid",
 	// Beyond DESIGN.md: what was done about crash-looping pods.
 	"gpuslice_tuner_crash_loop_evictions_total",
+	// Beyond DESIGN.md: on nodes whose GPUs DRA manages, the memory each
+	// container should request (docs/dra.md).
+	"gpuslice_tuner_recommended_memory_request_bytes",
 }
 
 // Plugin lists the metrics gpuslice-plugin serves (DESIGN.md, "Plugin

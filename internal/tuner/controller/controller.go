@@ -228,7 +228,7 @@ func New(o Options) (*Controller, error) {
 	c.sem = semantics{nvidia: o.Config.Apply.Mode != config.ModePlugin}
 	c.applier = newApplier(c)
 	c.m = newMetrics(o.Registerer)
-	c.dra = newDRAAdvice(o.Registerer)
+	c.dra = newDRAAdvice(c.m.memoryRequest)
 	c.informers = informers.NewSharedInformerFactory(o.Client, 0)
 	c.nodes = c.informers.Core().V1().Nodes().Lister()
 	c.podInformers = pendingPods(c)
@@ -336,6 +336,7 @@ func (c *Controller) elect(ctx context.Context) error {
 				defer close(d)
 				c.log.Info("leading: deciding and writing", "identity", c.id)
 				c.m.leader.Set(1)
+				defer c.dra.forget() // after the loop, which alone reads it
 				defer c.m.stepDown()
 				c.loop(lctx, ctx.Done())
 			},

@@ -26,18 +26,14 @@ type draAdvice struct {
 	sent map[string]map[string]uint64
 }
 
-func newDRAAdvice(reg prometheus.Registerer) *draAdvice {
-	a := &draAdvice{
-		gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpuslice_tuner_recommended_memory_request_bytes",
-			Help: "On nodes whose GPUs DRA manages: the GPU memory a container should request (a DRA claim's memory capacity under consumable-capacity sharing), from its peak in the policy window divided by targetUtilization."},
-			[]string{"node", "namespace", "pod", "container", "uuid"}),
-		sent: map[string]map[string]uint64{},
-	}
-	if reg != nil {
-		reg.MustRegister(a.gauge)
-	}
-	return a
+// newDRAAdvice reports through gauge (metrics.memoryRequest).
+func newDRAAdvice(gauge *prometheus.GaugeVec) *draAdvice {
+	return &draAdvice{gauge: gauge, sent: map[string]map[string]uint64{}}
 }
+
+// forget drops what was sent: a replica that leads again sends every
+// advice again, its gauges having been dropped when it stepped down.
+func (a *draAdvice) forget() { clear(a.sent) }
 
 // draManaged says whether the exporter measures GPUs on a node that no
 // device plugin advertises: no nvidia.com/ resource in its capacity (which

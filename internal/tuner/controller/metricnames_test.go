@@ -26,6 +26,7 @@ func TestMetricNamesMatchContract(t *testing.T) {
 	m.lastChange.WithLabelValues("n")
 	m.configInvalid.WithLabelValues("n")
 	m.crashLoopEvictions.WithLabelValues("n", evictEvicted)
+	m.memoryRequest.WithLabelValues("n", "ns", "p", "c", "GPU-0")
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

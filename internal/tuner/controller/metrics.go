@@ -19,11 +19,14 @@ type metrics struct {
 	// crashLoopEvictions counts what was done about crash-looping pods
 	// (evict.go), once per loop and outcome.
 	crashLoopEvictions *prometheus.CounterVec
+	// memoryRequest is the DRA advice (dra.go): per container, the GPU
+	// memory it should request, on nodes whose GPUs DRA manages.
+	memoryRequest *prometheus.GaugeVec
 }
 
 // stepDown is what a replica does when it stops leading: it no longer
 // decides, so its per-node gauges (replicas, recommendation, last change,
-// config validity) would only draw stale duplicate lines beside the new
+// config validity, DRA memory requests) would only draw stale duplicate lines beside the new
 // leader's in every panel; they are dropped. Counters stay: their
 // increase() is 0 from now on.
 func (m *metrics) stepDown() {
@@ -32,6 +35,7 @@ func (m *metrics) stepDown() {
 	m.recommended.Reset()
 	m.lastChange.Reset()
 	m.configInvalid.Reset()
+	m.memoryRequest.Reset()
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -55,9 +59,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		crashLoopEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuslice_tuner_crash_loop_evictions_total",
 			Help: "Pods whose container OOMed again and again on a full shared GPU, by what the tuner did: evicted, or not (disabled, bare, pdb, dry_run, error). Once per loop and outcome."},
 			[]string{"node", "result"}),
+		memoryRequest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpuslice_tuner_recommended_memory_request_bytes",
+			Help: "On nodes whose GPUs DRA manages: the GPU memory a container should request (a DRA claim's memory capacity under consumable-capacity sharing), from its peak in the policy window divided by targetUtilization."},
+			[]string{"node", "namespace", "pod", "container", "uuid"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.replicas, m.recommended, m.changes, m.applyFailures, m.verifyFailures, m.lastChange, m.configInvalid, m.leader, m.crashLoopEvictions)
+		reg.MustRegister(m.replicas, m.recommended, m.changes, m.applyFailures, m.verifyFailures, m.lastChange, m.configInvalid, m.leader, m.crashLoopEvictions, m.memoryRequest)
 	}
 	return m
 }

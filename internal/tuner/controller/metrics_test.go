@@ -19,11 +19,13 @@ func TestStepDownDropsGauges(t *testing.T) {
 	m.lastChange.WithLabelValues("n1").Set(1700000000)
 	m.configInvalid.WithLabelValues("n1").Set(0)
 	m.changes.WithLabelValues("n1", "nvidia.com/gpu", "up").Inc()
+	m.memoryRequest.WithLabelValues("n1", "ml", "a", "main", "GPU-0").Set(8 << 30)
 
 	m.stepDown()
 
 	for _, name := range []string{"gpuslice_tuner_replicas", "gpuslice_tuner_recommended_replicas",
-		"gpuslice_tuner_last_change_timestamp_seconds", "gpuslice_tuner_config_invalid"} {
+		"gpuslice_tuner_last_change_timestamp_seconds", "gpuslice_tuner_config_invalid",
+		"gpuslice_tuner_recommended_memory_request_bytes"} {
 		if n, err := testutil.GatherAndCount(reg, name); err != nil || n != 0 {
 			t.Errorf("%s: %d series after stepping down (%v), want none", name, n, err)
 		}
