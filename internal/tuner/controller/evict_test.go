@@ -97,7 +97,9 @@ func testCrashLoops(t *testing.T, env *testenv.Env) {
 			}
 			if tc.dryRun {
 				// writes nothing, not even its record
-			} else if r := h.record(node); r.LastChange != nil && r.LastChangeDirection != policy.DirectionDown {
+			} else if r := h.record(node); r.LastChange == nil {
+				t.Errorf("last decision %+v: no change stored after the OOMs, want the lowerings", r)
+			} else if r.LastChangeDirection != policy.DirectionDown {
 				t.Errorf("last decision %+v: the lowerings after the OOMs are stored without their direction", r)
 			}
 
