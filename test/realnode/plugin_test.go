@@ -196,10 +196,14 @@ func TestKubeletRestartKeepsHeldIDs(t *testing.T) {
 	raced := ""
 	testproc.Eventually(t, 240*time.Second, 500*time.Millisecond, func() string {
 		for _, msg := range admissionErrors(t, looper) {
-			if strings.Contains(msg, "previously allocated devices are no longer healthy") {
+			switch {
+			case strings.Contains(msg, "previously allocated devices are no longer healthy"):
 				t.Fatalf("the plugin dropped the looper's held ID across the kubelet restart: %s", msg)
+			case strings.Contains(msg, "no healthy devices present"):
+				raced = msg
+			default:
+				t.Fatalf("the kubelet refused the looper after its restart for another reason: %s", msg)
 			}
-			raced = msg
 		}
 		if raced != "" {
 			return ""
