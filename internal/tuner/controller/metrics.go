@@ -26,9 +26,9 @@ type metrics struct {
 
 // stepDown is what a replica does when it stops leading: it no longer
 // decides, so its per-node gauges (replicas, recommendation, last change,
-// config validity, DRA memory requests) would only draw stale duplicate lines beside the new
-// leader's in every panel; they are dropped. Counters stay: their
-// increase() is 0 from now on.
+// config validity, DRA memory requests) would only draw stale duplicate
+// lines beside the new leader's in every panel; they are dropped.
+// Counters stay: their increase() is 0 from now on.
 func (m *metrics) stepDown() {
 	m.leader.Set(0)
 	m.replicas.Reset()
