@@ -135,6 +135,21 @@ func trimPod(obj any) (any, error) {
 	} else {
 		p.Annotations = nil
 	}
-	p.Spec = corev1.PodSpec{NodeName: p.Spec.NodeName}
+	// Each container's name and limits stay: the OOM watch finds the
+	// containers that ask for a GPU by them (a restartPolicy: Never pod may
+	// OOM and leave the kubelet's PodResources list before any listing).
+	p.Spec = corev1.PodSpec{NodeName: p.Spec.NodeName, InitContainers: trimContainers(p.Spec.InitContainers), Containers: trimContainers(p.Spec.Containers)}
 	return p, nil
+}
+
+// trimContainers keeps each container's name and resource limits.
+func trimContainers(cs []corev1.Container) []corev1.Container {
+	if len(cs) == 0 {
+		return nil
+	}
+	out := make([]corev1.Container, len(cs))
+	for i, c := range cs {
+		out[i] = corev1.Container{Name: c.Name, Resources: corev1.ResourceRequirements{Limits: c.Resources.Limits}}
+	}
+	return out
 }

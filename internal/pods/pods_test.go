@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -98,7 +99,10 @@ func TestKubeletSource(t *testing.T) {
 func TestInformerNodeScoped(t *testing.T) {
 	env := testenv.Start(t)
 	ctx := t.Context()
-	for _, p := range []*corev1.Pod{pod("default", "mine", "", "node-a", nil), pod("default", "other", "", "node-b", nil)} {
+	gpuPod := pod("default", "mine", "", "node-a", nil)
+	gpuPod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}
+	gpuPod.Spec.InitContainers = []corev1.Container{{Name: "fetch", Image: "busybox"}}
+	for _, p := range []*corev1.Pod{gpuPod, pod("default", "other", "", "node-b", nil)} {
 		if _, err := env.Client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -116,6 +120,12 @@ func TestInformerNodeScoped(t *testing.T) {
 	got := inf.List()
 	if len(got) != 1 || got[0].Name != "mine" {
 		t.Fatalf("informer for node-a lists %d pods: %v", len(got), got)
+	}
+	// The spec is trimmed to what the exporter reads: each container's
+	// name and limits (the OOM watch finds GPU containers by them).
+	if cs, ics := got[0].Spec.Containers, got[0].Spec.InitContainers; len(cs) != 1 || cs[0].Name != "c" || cs[0].Resources.Limits.Name("nvidia.com/gpu", resource.DecimalSI).Value() != 1 ||
+		cs[0].Image != "" || len(ics) != 1 || ics[0].Name != "fetch" {
+		t.Fatalf("trimmed spec: containers %+v, init containers %+v; want c with its nvidia.com/gpu limit and fetch, images dropped", cs, ics)
 	}
 	mine, _ := env.Client.CoreV1().Pods("default").Get(ctx, "mine", metav1.GetOptions{})
 	mine.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "c", ContainerID: "containerd://f00"}}
