@@ -251,6 +251,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	defer c.informers.Shutdown()
 	defer c.podInformers.Shutdown()
+	if ctx.Err() != nil {
+		// Stopped while the informers synced: a round on a partial node
+		// list would take the nodes not listed yet for deleted ones and
+		// drop their workload memory.
+		return nil
+	}
 	if !c.cfg.LeaderElection.Enabled {
 		c.m.leader.Set(1)
 		defer c.m.leader.Set(0)
@@ -368,6 +374,12 @@ func (c *Controller) elect(ctx context.Context) error {
 // progress is finished).
 func (c *Controller) loop(lead context.Context, stop <-chan struct{}) {
 	c.mem.reset()
+	// What this replica knew of each node in an earlier leadership is stale:
+	// another leader may have changed, verified or held a node since. A
+	// leadership starts as a new replica would, from the nodes' annotations
+	// (adopt), so that it watches its predecessor's change instead of
+	// stacking another on it.
+	c.state = map[string]*nodeState{}
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	for {

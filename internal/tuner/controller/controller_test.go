@@ -41,6 +41,35 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("NVIDIA's config-manager", func(t *testing.T) { testNVIDIAConfigManager(t, env) })
 	t.Run("crash loops", func(t *testing.T) { testCrashLoops(t, env) })
 	t.Run("restart mode stores a change's direction", func(t *testing.T) { testRestartDirection(t, env) })
+	t.Run("a new leadership forgets the last one's node state", func(t *testing.T) { testNewLeadership(t, env) })
+}
+
+// testNewLeadership: what a replica knew of a node when it last led (a
+// hold, a change to verify, whether it had read the node's annotation) is
+// stale when it leads again, since another leader may have acted since.
+// A leadership starts from the nodes' annotations, as a new replica does.
+func testNewLeadership(t *testing.T, env *testenv.Env) {
+	const ns, node = "nl-ns", "nl-node"
+	cfg := testConfig(config.ModePlugin, ns)
+	cfg.Apply.NodeSelector = "scenario=" + ns
+	h := newHarness(t, env, cfg, nil)
+	h.namespace()
+	h.configMap(map[string]string{"default": baseConfig})
+	h.node(node, map[string]string{"scenario": ns}, 4)
+	h.src.set(node, headroom(1))
+	h.round()
+	st := h.c.state[node]
+	if st == nil {
+		t.Fatalf("no state for %s after a round", node)
+	}
+	st.held = &hold{replicas: 4, until: time.Now().Add(time.Hour), why: "from an earlier leadership"}
+	st.adopted = true
+	lead, cancel := context.WithCancel(context.Background())
+	cancel() // one round, then the leadership ends
+	h.c.loop(lead, nil)
+	if st := h.c.state[node]; st != nil && (st.held != nil || st.adopted) {
+		t.Errorf("after a new leadership's first round, %s keeps the earlier leadership's state: held %v, adopted %v", node, st.held, st.adopted)
+	}
 }
 
 // pluginReads resolves a node's config the way gpuslice-plugin's
