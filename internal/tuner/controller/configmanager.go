@@ -57,18 +57,26 @@ func (a configManagerApplier) payRestart(ctx context.Context, now time.Time, cm 
 		return
 	}
 	var using []*corev1.Node
+	var used []string // the key each of using reads
 	for _, n := range nodes {
-		if slices.Contains(keys, n.Labels[ConfigLabel]) {
-			using = append(using, n)
+		key := n.Labels[ConfigLabel]
+		if key == "" && hasGPUs(n) && c.keepsDefault(cm) {
+			// A GPU node the tuner never labelled reads the `default`
+			// copy (or the chart's default config, apply.key): both
+			// changed when the copy was rewritten.
+			key = DefaultKey
+		}
+		if slices.Contains(keys, key) {
+			using, used = append(using, n), append(used, key)
 		}
 	}
 	switch {
 	case len(using) == 0:
 	case c.cfg.Apply.DaemonSet == (config.ObjectRef{}):
-		for _, n := range using {
+		for i, n := range using {
 			c.rec.Eventf(nodeRef(n.Name), corev1.EventTypeWarning, ReasonConfigRewritten,
 				"config %s was rewritten; NVIDIA's config-manager applies a config only when the label changes, so this node's plugin keeps the old one until it restarts (set apply.daemonSet to let the tuner restart it)",
-				n.Labels[ConfigLabel])
+				used[i])
 		}
 	default:
 		if err := c.restartDaemonSet(ctx, at.UTC().Format(time.RFC3339)); err != nil {
