@@ -209,6 +209,24 @@ func (h *harness) round() {
 
 func (h *harness) advance(d time.Duration) { h.now = h.now.Add(d) }
 
+// restartPaidAfterPropagation checks a restart owed for rewritten keys
+// (config-manager mode): none before delay has passed, then one, and
+// nothing owed after it; who names the nodes it was owed to.
+func (h *harness) restartPaidAfterPropagation(delay time.Duration, who string) {
+	h.t.Helper()
+	if got := h.getDaemonSet().Spec.Template.Annotations[AnnotationRestartedAt]; got != "" {
+		h.t.Errorf("restarted before the new content could reach the volume: %q", got)
+	}
+	h.advance(delay)
+	h.round()
+	if got := h.getDaemonSet().Spec.Template.Annotations[AnnotationRestartedAt]; got == "" {
+		h.t.Errorf("the DaemonSet was not restarted for %s", who)
+	}
+	if _, owed := h.getConfigMap().Annotations[AnnotationRestartOwed]; owed {
+		h.t.Error("the restart is still owed after it was made")
+	}
+}
+
 // synced waits until the informer has every node as the API server has it.
 func (h *harness) synced() {
 	h.t.Helper()

@@ -224,16 +224,6 @@ func testNVIDIAConfigManager(t *testing.T, env *testenv.Env) {
 		if n := strings.Count(out.String(), "Label change detected"); n != detected {
 			t.Errorf("config-manager reacted to a content change (%d -> %d label events)", detected, n)
 		}
-		if got := h.getDaemonSet().Spec.Template.Annotations[AnnotationRestartedAt]; got != "" {
-			t.Errorf("restarted before the new content could reach the volume: %q", got)
-		}
-		h.advance(cfg.Apply.PropagationDelay)
-		h.round()
-		if got := h.getDaemonSet().Spec.Template.Annotations[AnnotationRestartedAt]; got == "" {
-			t.Error("the DaemonSet was not restarted for the rewritten key")
-		}
-		if _, owed := h.getConfigMap().Annotations[AnnotationRestartOwed]; owed {
-			t.Error("the restart is still owed after it was made")
-		}
+		h.restartPaidAfterPropagation(cfg.Apply.PropagationDelay, "the rewritten key")
 	})
 }
