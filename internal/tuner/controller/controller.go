@@ -469,7 +469,14 @@ func (c *Controller) round(ctx context.Context) error {
 	for name, st := range c.state {
 		if !seen[name] {
 			c.m.forget(name, st.resource)
-			delete(c.state, name)
+			// A node still here whose signals lapsed (its exporter down
+			// for a window) keeps what the tuner knows of it: a hold
+			// after a failed verification, a change to verify, the loops
+			// reported. Only a node gone, or no longer selected, is
+			// forgotten.
+			if !listed[name] {
+				delete(c.state, name)
+			}
 		}
 	}
 	err = c.applier.apply(ctx, now, r)

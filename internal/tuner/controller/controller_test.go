@@ -623,6 +623,18 @@ func testVerifyFailure(t *testing.T, env *testenv.Env) {
 		t.Errorf("verify_failures_total = %v after holding", got)
 	}
 
+	// Its exporter is down for a window (as it may be on a broken node):
+	// when its signals come back, the node is still held.
+	h.src.set(node, signal{})
+	h.advance(2 * cfg.Policy.Window)
+	h.round()
+	h.src.set(node, taken)
+	h.advance(10 * time.Second)
+	h.round()
+	if label() != "gpuslice-5" {
+		t.Errorf("a held node was changed after a gap in its signals: %q", label())
+	}
+
 	// The plugin catches up: the node changed, the hold lifts.
 	h.setAllocatable(node, "nvidia.com/gpu", 10)
 	h.advance(10 * time.Second)
