@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -109,7 +110,7 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--memory-guardrails: %w", err)
 	}
-	source, err := configSource(o)
+	source, err := configSource(o, log)
 	if err != nil {
 		return err
 	}
@@ -164,13 +165,13 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	return err
 }
 
-func configSource(o *options) (plugin.Source, error) {
+func configSource(o *options, log *slog.Logger) (plugin.Source, error) {
 	switch o.source {
 	case "file":
 		if o.configFile == "" {
 			return plugin.StaticSource(nil), nil
 		}
-		return &plugin.FileSource{Path: o.configFile}, nil
+		return &plugin.FileSource{Path: o.configFile, Logger: log}, nil
 	case "kubernetes":
 		ns, name, ok := strings.Cut(o.configMap, "/")
 		if !ok || ns == "" || name == "" {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuslice/gpuslice/internal/gpu/gputest"
+	"github.com/gpuslice/gpuslice/internal/plugin"
 )
 
 func TestFlagsFromEnvironment(t *testing.T) {
@@ -206,5 +208,19 @@ func TestMetricsPortTaken(t *testing.T) {
 	}
 	if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, addr) {
 		t.Errorf("the log does not report the failing metrics server on %s:\n%s", addr, l)
+	}
+}
+
+// TestConfigFileSourceLogsAsConfigured: the config-file source's warnings
+// (a directory it cannot watch) go through the logger --log.level and
+// --log.format set, not the process default.
+func TestConfigFileSourceLogsAsConfigured(t *testing.T) {
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	src, err := configSource(&options{source: "file", configFile: "/etc/gpuslice/config.yaml"}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs, ok := src.(*plugin.FileSource); !ok || fs.Logger != log {
+		t.Errorf("config source %#v, want a FileSource with the configured logger", src)
 	}
 }
