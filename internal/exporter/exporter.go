@@ -91,6 +91,9 @@ type Exporter struct {
 	// gpuResources are the resource names the kubelet has listed GPU
 	// devices for (RunOOMWatch watches containers asking for them).
 	gpuResources map[string]bool
+	// badLimits are the MPS clients whose pinned memory limit did not
+	// parse and was logged (pinnedLimit).
+	badLimits map[int]bool
 }
 
 // source is one thing a scrape reads, timed and reported the same way for
@@ -151,6 +154,7 @@ func New(cfg Config) *Exporter {
 		health: &health{max: cfg.MaxGPUFailures},
 
 		gpuResources: map[string]bool{},
+		badLimits:    map[int]bool{},
 		migParent:    map[string]string{},
 	}
 	e.inputs = append(e.inputs, source{CollectorGPU, e.collectGPU})

@@ -133,10 +133,16 @@ func (e *Exporter) pinnedLimit(pid int, uuid string) (uint64, limitKnown) {
 	env, err := os.ReadFile(filepath.Join(dir, "environ"))
 	switch {
 	case err == nil && len(env) > 0:
-		if limit, ok := parsePinnedLimitEnv(env, uuid); ok {
-			return limit, limitPinned
+		limit, known, perr := parsePinnedLimitEnv(env, uuid)
+		if perr != nil && !e.badLimits[pid] {
+			// Once per process: every scrape reads it again.
+			if len(e.badLimits) >= 1024 {
+				clear(e.badLimits)
+			}
+			e.badLimits[pid] = true
+			e.log.Warn("an MPS client's memory limit does not parse; its container's OOMs are not told apart from the GPU's", "pid", pid, "err", perr)
 		}
-		return 0, limitNone
+		return limit, known
 	case !alive(dir):
 		return 0, limitUnknown
 	case err == nil, errors.Is(err, fs.ErrNotExist):
@@ -165,8 +171,12 @@ func alive(dir string) bool {
 }
 
 // parsePinnedLimitEnv finds the limit on uuid in an environ file's
-// NUL-separated variables.
-func parsePinnedLimitEnv(env []byte, uuid string) (uint64, bool) {
+// NUL-separated variables: limitPinned with it; limitNone when no variable
+// sets one, or it sets limits on other GPUs only; limitUnknown, with the
+// error naming the value, when the variable does not parse (a pod that
+// set its own in a form this build does not read has a limit, of unknown
+// size, not none).
+func parsePinnedLimitEnv(env []byte, uuid string) (uint64, limitKnown, error) {
 	prefix := []byte(mps.EnvPinnedMemLimit + "=")
 	for kv := range bytes.SplitSeq(env, []byte{0}) {
 		v, ok := bytes.CutPrefix(kv, prefix)
@@ -175,11 +185,14 @@ func parsePinnedLimitEnv(env []byte, uuid string) (uint64, bool) {
 		}
 		limits, err := mps.ParsePinnedLimit(string(v))
 		if err != nil {
-			return 0, false
+			return 0, limitUnknown, err
 		}
-		return mps.LimitFor(limits, uuid)
+		if limit, ok := mps.LimitFor(limits, uuid); ok {
+			return limit, limitPinned, nil
+		}
+		return 0, limitNone, nil
 	}
-	return 0, false
+	return 0, limitNone, nil
 }
 
 // emitMPS sends the servers' memory and the containers' limits. The limits

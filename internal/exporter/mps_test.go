@@ -176,19 +176,21 @@ func TestProgramReadOncePerProcess(t *testing.T) {
 
 func TestParsePinnedLimitEnv(t *testing.T) {
 	for _, tc := range []struct {
-		env  string
-		want uint64
-		ok   bool
+		env     string
+		want    uint64
+		known   limitKnown
+		invalid bool
 	}{
-		{"A=1\x00CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10G\x00", 10 << 30, true},
-		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-a=1G,0=2G\x00", 1 << 30, true},
-		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G,1=2G\x00", 0, false},
-		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=junk\x00", 0, false},
-		{"XCUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G\x00", 0, false},
+		{"A=1\x00CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10G\x00", 10 << 30, limitPinned, false},
+		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-a=1G,0=2G\x00", 1 << 30, limitPinned, false},
+		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G,1=2G\x00", 0, limitNone, false}, // limits on other GPUs
+		{"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=junk\x00", 0, limitUnknown, true},    // a limit, of unknown size
+		{"XCUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1G\x00", 0, limitNone, false},
+		{"A=1\x00", 0, limitNone, false},
 	} {
-		got, ok := parsePinnedLimitEnv([]byte(tc.env), "GPU-a")
-		if got != tc.want || ok != tc.ok {
-			t.Errorf("parsePinnedLimitEnv(%q) = %d, %v; want %d, %v", tc.env, got, ok, tc.want, tc.ok)
+		got, known, err := parsePinnedLimitEnv([]byte(tc.env), "GPU-a")
+		if got != tc.want || known != tc.known || (err != nil) != tc.invalid {
+			t.Errorf("parsePinnedLimitEnv(%q) = %d, %v, %v; want %d, %v (an error: %v)", tc.env, got, known, err, tc.want, tc.known, tc.invalid)
 		}
 	}
 }
