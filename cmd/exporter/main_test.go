@@ -99,6 +99,9 @@ func TestBadInputIsNamed(t *testing.T) {
 		{[]string{"--gpu.backend=sim", "--sim.file=x", "--pods.source=etcd"}, `unknown --pods.source "etcd"`},
 		{[]string{"--gpu.backend=sim", "--sim.file=x", "--pods.source=none", "--oom.pattern=("}, `invalid OOM pattern 0 "("`},
 		{[]string{"--log.level=loud"}, "--log.level"},
+		{[]string{"--oom.max-read-bytes=-5"}, "--oom.max-read-bytes=-5: must not be negative"},
+		{[]string{"--oom.scan-interval=-1s"}, "--oom.scan-interval=-1s: must not be negative"},
+		{[]string{"--kubelet.pods-interval=-10s"}, "--kubelet.pods-interval=-10s: must not be negative"},
 		{[]string{"--gpu.backend=sim", "--sim.file=x", "--pods.source=apiserver", "--kubeconfig=/nonexistent/kubeconfig"}, "/nonexistent/kubeconfig"},
 	} {
 		err := run(context.Background(), tc.args)

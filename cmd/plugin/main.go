@@ -76,6 +76,14 @@ func parseFlags(args []string) (*options, error) {
 	if err := flagenv.Apply(fs, "GPUSLICE_", nil); err != nil {
 		return nil, err
 	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"health.interval", o.healthInterval}, {"health.recovery-interval", o.recovery}, {"kubelet.pod-resources-interval", o.heldPoll}} {
+		if d.v < 0 {
+			return nil, fmt.Errorf("--%s=%s: must not be negative (0: the default)", d.flag, d.v)
+		}
+	}
 	return o, nil
 }
 

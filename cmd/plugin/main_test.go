@@ -44,6 +44,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--config.source=kubernetes", "--config.configmap=cfg"}, "want <namespace>/<name>"},
 		{[]string{"--config.source=kubernetes", "--config.configmap=gpu/cfg", "--node-name="}, "needs --node-name"},
 		{[]string{"--gpu.backend=sim"}, "needs --sim.file"},
+		{[]string{"--health.interval=-5s"}, "--health.interval=-5s: must not be negative"},
+		{[]string{"--health.recovery-interval=-1m"}, "--health.recovery-interval=-1m0s: must not be negative"},
+		{[]string{"--kubelet.pod-resources-interval=-1s"}, "--kubelet.pod-resources-interval=-1s: must not be negative"},
 	} {
 		err := run(t.Context(), tc.args, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
