@@ -140,7 +140,7 @@ func (e *Exporter) pinnedLimit(pid int, uuid string) (uint64, limitKnown) {
 				clear(e.badLimits)
 			}
 			e.badLimits[pid] = true
-			e.log.Warn("an MPS client's memory limit does not parse; its container's OOMs are not told apart from the GPU's", "pid", pid, "err", perr)
+			e.log.Warn("an MPS client's pinned memory limit does not parse: taken as a limit of unknown size", "pid", pid, "err", perr)
 		}
 		return limit, known
 	case !alive(dir):
