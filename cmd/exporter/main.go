@@ -96,16 +96,8 @@ func parseFlags(args []string) (*options, error) {
 	if o.gpuFailureThreshold < 0 {
 		return nil, fmt.Errorf("--healthz.gpu-failure-threshold=%d: must be 0 (never fail) or more", o.gpuFailureThreshold)
 	}
-	if o.oomMaxRead < 0 {
-		return nil, fmt.Errorf("--oom.max-read-bytes=%d: must not be negative (0: the default, %d)", o.oomMaxRead, oom.DefaultMaxReadBytes)
-	}
-	for _, d := range []struct {
-		flag string
-		v    time.Duration
-	}{{"kubelet.pods-interval", o.kubeletInterval}, {"oom.scan-interval", o.oomInterval}} {
-		if d.v < 0 {
-			return nil, fmt.Errorf("--%s=%s: must not be negative (0: the default)", d.flag, d.v)
-		}
+	if err := flagenv.NonNegative(fs, "oom.max-read-bytes", "kubelet.pods-interval", "oom.scan-interval"); err != nil {
+		return nil, err
 	}
 	if o.kubeletURL == "" {
 		if ip := os.Getenv("NODE_IP"); ip != "" {

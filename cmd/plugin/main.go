@@ -76,13 +76,8 @@ func parseFlags(args []string) (*options, error) {
 	if err := flagenv.Apply(fs, "GPUSLICE_", nil); err != nil {
 		return nil, err
 	}
-	for _, d := range []struct {
-		flag string
-		v    time.Duration
-	}{{"health.interval", o.healthInterval}, {"health.recovery-interval", o.recovery}, {"kubelet.pod-resources-interval", o.heldPoll}} {
-		if d.v < 0 {
-			return nil, fmt.Errorf("--%s=%s: must not be negative (0: the default)", d.flag, d.v)
-		}
+	if err := flagenv.NonNegative(fs, "health.interval", "health.recovery-interval", "kubelet.pod-resources-interval"); err != nil {
+		return nil, err
 	}
 	return o, nil
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestApply(t *testing.T) {
@@ -29,5 +30,23 @@ func TestApply(t *testing.T) {
 	err := Apply(fs2, "GPUSLICE_", lookup)
 	if err == nil || !strings.Contains(err.Error(), "GPUSLICE_SCRAPE_COUNT") {
 		t.Fatalf("bad value error = %v", err)
+	}
+}
+
+func TestNonNegative(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.Duration("every", time.Second, "")
+	fs.Int64("max", 1, "")
+	fs.String("name", "", "")
+	if err := fs.Parse([]string{"--every=0s", "--max=-3"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := NonNegative(fs, "every"); err != nil {
+		t.Errorf("--every=0s: %v, want accepted (0 is the default)", err)
+	}
+	for names, want := range map[string]string{"every max": "--max=-3: must not be negative", "name": "not a duration or an integer", "gone": "no flag --gone"} {
+		if err := NonNegative(fs, strings.Fields(names)...); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("NonNegative(%s) = %v, want an error containing %q", names, err, want)
+		}
 	}
 }

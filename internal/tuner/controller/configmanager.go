@@ -58,9 +58,10 @@ func (a configManagerApplier) payRestart(ctx context.Context, now time.Time, cm 
 	}
 	var using []*corev1.Node
 	var used []string // the key each of using reads
+	copied := c.keepsDefault(cm)
 	for _, n := range nodes {
 		key := n.Labels[ConfigLabel]
-		if key == "" && hasGPUs(n) && c.keepsDefault(cm) {
+		if key == "" && copied && hasGPUs(n) {
 			// A GPU node the tuner never labelled reads the `default`
 			// copy (or the chart's default config, apply.key): both
 			// changed when the copy was rewritten.
