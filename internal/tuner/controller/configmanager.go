@@ -63,8 +63,9 @@ func (a configManagerApplier) payRestart(ctx context.Context, now time.Time, cm 
 		key := n.Labels[ConfigLabel]
 		if key == "" && copied && hasGPUs(n) {
 			// A GPU node the tuner never labelled reads the `default`
-			// copy (or the chart's default config, apply.key): both
-			// changed when the copy was rewritten.
+			// copy under NVIDIA's "named" fallback (DefaultKey). Where
+			// the chart sets a default config instead, the restart may
+			// be one it did not need, but never one it misses.
 			key = DefaultKey
 		}
 		if slices.Contains(keys, key) {
