@@ -1149,9 +1149,11 @@ spec:
 			{"gpuslice/gpuslice-tuner", "update", "coordination.k8s.io", "leases", "gpuslice", "other", false},
 			{"gpuslice/gpuslice-tuner", "list", "", "nodes", "", "", true},
 			// The tuner records its decision on the Node in every mode, with
-			// update (internal/tuner/controller's updateNode); found missing
-			// by TestHelmInstall on the real node.
-			{"gpuslice/gpuslice-tuner", "update", "", "nodes", "", "n1", true},
+			// a patch (internal/tuner/controller's updateNode); found missing
+			// by TestHelmInstall on the real node. Never a whole-object update.
+			{"gpuslice/gpuslice-tuner", "patch", "", "nodes", "", "n1", true},
+			{"gpuslice/gpuslice-tuner", "update", "", "nodes", "", "n1", false},
+			{"gpuslice/gpuslice-tuner", "update", "apps", "daemonsets", "kube-system", "nvidia-device-plugin-daemonset", false},
 			{"gpuslice/gpuslice-tuner", "create", "", "events", "default", "", true},
 			{"gpuslice/gpuslice-tuner", "get", "", "secrets", "kube-system", "", false},
 			// Pending pods in every namespace are demand; exporter discovery.
@@ -1170,7 +1172,7 @@ spec:
 			{"gpuslice/gpuslice-tuner", "update", "", "configmaps", "gpuslice", "gpuslice-exporter-web-config", false},
 			{"gpuslice/gpuslice-tuner", "create", "", "configmaps", "kube-system", "", false},
 			// plugin: release gp in gpu-plugin, tuner in plugin mode.
-			{"gpu-plugin/gp-gpuslice-tuner", "update", "", "nodes", "", "n1", true},
+			{"gpu-plugin/gp-gpuslice-tuner", "patch", "", "nodes", "", "n1", true},
 			{"gpu-plugin/gp-gpuslice-tuner", "list", "", "pods", "", "", true},
 			{"gpu-plugin/gp-gpuslice-tuner", "watch", "", "pods", "", "", true},
 			{"gpu-plugin/gp-gpuslice-tuner", "update", "", "configmaps", "gpu-plugin", "gp-gpuslice-plugin-config", true},

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -409,7 +410,7 @@ func testConflicts(t *testing.T, env *testenv.Env) {
 	}
 	nodeIC := &interceptor{
 		match: func(r *http.Request) bool {
-			return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/nodes/cf-node")
+			return r.Method != http.MethodGet && strings.HasSuffix(r.URL.Path, "/nodes/cf-node")
 		},
 		before: func() {
 			n, err := env.Client.CoreV1().Nodes().Get(context.Background(), "cf-node", metav1.GetOptions{})
@@ -445,6 +446,21 @@ func testConflicts(t *testing.T, env *testenv.Env) {
 	}
 	if got := testutil.ToFloat64(h.c.m.applyFailures.WithLabelValues("cf-node")); got != 0 {
 		t.Errorf("apply failures %v", got)
+	}
+	// Every node write is a patch of metadata alone, with the
+	// resourceVersion read as its precondition: a whole-object update
+	// would drop what a newer cluster's Node has and this client lacks.
+	if len(nodeIC.bodies) == 0 {
+		t.Fatal("no node write seen")
+	}
+	for _, b := range nodeIC.bodies {
+		var top map[string]map[string]any
+		if err := json.Unmarshal([]byte(b), &top); err != nil {
+			t.Fatalf("node write %s: %v", b, err)
+		}
+		if rv, _ := top["metadata"]["resourceVersion"].(string); len(top) != 1 || rv == "" {
+			t.Errorf("node write %s: want a patch of metadata with a resourceVersion", b)
+		}
 	}
 }
 

@@ -3,9 +3,11 @@ package controller
 import (
 	"github.com/gpuslice/gpuslice/internal/testproc"
 
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"strings"
@@ -384,6 +386,7 @@ type interceptor struct {
 	before    func()
 	fired     bool
 	conflicts int
+	bodies    []string // of every matching request
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
@@ -410,15 +413,27 @@ func interceptedClient(t *testing.T, cfg *rest.Config, ics ...*interceptor) kube
 
 func (i *interceptor) wrap(rt http.RoundTripper) http.RoundTripper {
 	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+		matched := i.match(req)
+		if matched && req.Body != nil {
+			b, err := io.ReadAll(req.Body)
+			if err != nil {
+				return nil, err
+			}
+			req.Body.Close()
+			req.Body = io.NopCloser(bytes.NewReader(b))
+			i.mu.Lock()
+			i.bodies = append(i.bodies, string(b))
+			i.mu.Unlock()
+		}
 		i.mu.Lock()
-		fire := !i.fired && i.match(req)
+		fire := !i.fired && matched
 		i.fired = i.fired || fire
 		i.mu.Unlock()
 		if fire {
 			i.before()
 		}
 		resp, err := rt.RoundTrip(req)
-		if err == nil && resp.StatusCode == http.StatusConflict && i.match(req) {
+		if err == nil && resp.StatusCode == http.StatusConflict && matched {
 			i.mu.Lock()
 			i.conflicts++
 			i.mu.Unlock()

@@ -216,6 +216,12 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 				return err
 			}(),
 			"delete a node": sa.CoreV1().Nodes().Delete(ctx, "rbac-node", metav1.DeleteOptions{}),
+			// Its node writes are patches; an update would drop fields
+			// newer than its client.
+			"update a node": func() error {
+				_, err := sa.CoreV1().Nodes().Update(ctx, admin.getNode("rbac-node"), metav1.UpdateOptions{})
+				return err
+			}(),
 			"read another ConfigMap in its own namespace": func() error {
 				_, err := sa.CoreV1().ConfigMaps(tunerNS).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
 				return err

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -11,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
@@ -18,9 +21,16 @@ import (
 
 // The write helpers every Applier uses: each reads the object fresh, lets
 // change edit a deep copy (returning errUnchanged when there is nothing to
-// write), and updates it with the read resourceVersion and FieldManager,
+// write), and writes it with the read resourceVersion and FieldManager,
 // redoing all of it from a fresh read on a conflict so that a concurrent
 // edit survives.
+//
+// Nodes and the plugin's DaemonSet are patched, not updated: a PUT sends the
+// whole object as this build's client-go knows it, so on a newer cluster it
+// would drop the fields added since (a Node's or a pod template's). The
+// patch carries only what change edited, plus the resourceVersion read, so
+// it still fails with a conflict if the node changed in between. A
+// ConfigMap's few fields are all known, and it keeps the plain update.
 
 // errUnchanged, returned by a change function, means nothing to write.
 var errUnchanged = errors.New("unchanged")
@@ -32,13 +42,48 @@ func (c *Controller) updateNode(ctx context.Context, name string, change func(*c
 		if err != nil {
 			return err
 		}
-		n = n.DeepCopy()
-		if err := change(n); err != nil {
+		edited := n.DeepCopy()
+		if err := change(edited); err != nil {
 			return err
 		}
-		_, err = c.client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{FieldManager: FieldManager})
+		patch, err := nodePatch(n, edited)
+		if err != nil || patch == nil {
+			return err
+		}
+		_, err = c.client.CoreV1().Nodes().Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager})
 		return err
 	})
+}
+
+// nodePatch is the strategic merge patch from old to edited, holding old's
+// resourceVersion as a precondition; nil when they do not differ.
+func nodePatch(old, edited *corev1.Node) ([]byte, error) {
+	before, err := json.Marshal(old)
+	if err != nil {
+		return nil, err
+	}
+	after, err := json.Marshal(edited)
+	if err != nil {
+		return nil, err
+	}
+	diff, err := strategicpatch.CreateTwoWayMergePatch(before, after, corev1.Node{})
+	if err != nil {
+		return nil, fmt.Errorf("node %s: building the patch: %w", old.Name, err)
+	}
+	var patch map[string]any
+	if err := json.Unmarshal(diff, &patch); err != nil {
+		return nil, err
+	}
+	if len(patch) == 0 {
+		return nil, nil
+	}
+	meta, _ := patch["metadata"].(map[string]any)
+	if meta == nil {
+		meta = map[string]any{}
+		patch["metadata"] = meta
+	}
+	meta["resourceVersion"] = old.ResourceVersion
+	return json.Marshal(patch)
 }
 
 // updateConfigMap applies change to a fresh copy of the ConfigMap and
@@ -75,28 +120,29 @@ func (c *Controller) updateConfigMap(ctx context.Context, change func(*corev1.Co
 }
 
 // restartDaemonSet does what `kubectl rollout restart` does to the device
-// plugin's DaemonSet, stamped with the given time.
+// plugin's DaemonSet, stamped with the given time: a patch of one pod
+// template annotation, which leaves the rest of the DaemonSet as it is and
+// needs no precondition (the same stamp twice is the same restart).
 func (c *Controller) restartDaemonSet(ctx context.Context, stamp string) error {
 	ref := c.cfg.Apply.DaemonSet
-	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		ds, err := c.client.AppsV1().DaemonSets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if ds.Spec.Template.Annotations[AnnotationRestartedAt] == stamp {
-			return nil
-		}
-		ds = ds.DeepCopy()
-		if ds.Spec.Template.Annotations == nil {
-			ds.Spec.Template.Annotations = map[string]string{}
-		}
-		ds.Spec.Template.Annotations[AnnotationRestartedAt] = stamp
-		_, err = c.client.AppsV1().DaemonSets(ref.Namespace).Update(ctx, ds, metav1.UpdateOptions{FieldManager: FieldManager})
-		if err == nil {
-			c.log.Info("device plugin DaemonSet restarted", "daemonset", ref.String(), "restartedAt", stamp)
-		}
+	dss := c.client.AppsV1().DaemonSets(ref.Namespace)
+	ds, err := dss.Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
 		return err
-	})
+	}
+	if ds.Spec.Template.Annotations[AnnotationRestartedAt] == stamp {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"template": map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{AnnotationRestartedAt: stamp}}}}})
+	if err != nil {
+		return err
+	}
+	if _, err := dss.Patch(ctx, ref.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+		return err
+	}
+	c.log.Info("device plugin DaemonSet restarted", "daemonset", ref.String(), "restartedAt", stamp)
+	return nil
 }
 
 func setRecord(m *metav1.ObjectMeta, rec Record) {
