@@ -112,6 +112,9 @@ const (
 	ReasonConfigInvalid    = "ConfigInvalid"
 	ReasonConfigNotManaged = "ConfigNotManaged"
 	ReasonApplyFailed      = "ApplyFailed"
+	// ReasonNoSignals: a node with GPUs that the signal source has no
+	// samples for; recorded when the lapse starts.
+	ReasonNoSignals = "NoSignals"
 	// ReasonConfigRewritten: a named config a node uses was rewritten and
 	// nothing will restart its plugin (config-manager mode without
 	// apply.daemonSet).
@@ -185,6 +188,10 @@ type Controller struct {
 
 	// state is per node, touched only by the goroutine running rounds.
 	state map[string]*nodeState
+	// unsignalled holds the GPU nodes that had no signals last round, so
+	// that a lapse is reported when it starts and when it ends, not every
+	// round.
+	unsignalled map[string]bool
 
 	// afterRound, when set (tests), is called after every round.
 	afterRound func(error)
@@ -380,6 +387,7 @@ func (c *Controller) loop(lead context.Context, stop <-chan struct{}) {
 	// (adopt), so that it watches its predecessor's change instead of
 	// stacking another on it.
 	c.state = map[string]*nodeState{}
+	c.unsignalled = nil
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	for {
@@ -466,6 +474,7 @@ func (c *Controller) round(ctx context.Context) error {
 			c.forgetDRA(name)
 		}
 	}
+	c.reportUnsignalled(r.unsignalled, seen)
 	for name, st := range c.state {
 		if !seen[name] {
 			c.m.forget(name, st.resource)
@@ -489,6 +498,36 @@ func (c *Controller) round(ctx context.Context) error {
 		exists[n.Name] = true
 	}
 	return errors.Join(err, c.mem.save(ctx, now, func(n string) bool { return exists[n] }))
+}
+
+// reportUnsignalled says when a GPU node's signals lapse and when they
+// return. Without them the tuner leaves the node as it is (in restart mode
+// it also holds raises of the shared config, gate.go), and nothing else
+// would tell the operator why a node is never tuned: an exporter down
+// there, or Prometheus labelling its series with another name than the
+// Kubernetes node's.
+func (c *Controller) reportUnsignalled(names []string, seen map[string]bool) {
+	now := make(map[string]bool, len(names))
+	for _, name := range names {
+		now[name] = true
+		if c.unsignalled[name] {
+			continue
+		}
+		why := "the exporter may not run there"
+		if c.cfg.Signals.Source == config.SourcePrometheus {
+			why = fmt.Sprintf("the exporter may not run there, or its series' %q label (signals.prometheus.nodeLabel) may not hold the Kubernetes node name", c.cfg.Signals.Prometheus.NodeLabel)
+		}
+		msg := fmt.Sprintf("no GPU samples for this node over the last %s from signals.source %s: the tuner leaves its replicas as they are until they return; %s",
+			c.cfg.Policy.Window, c.cfg.Signals.Source, why)
+		c.log.Warn("GPU node without signals, left as it is", "node", name, "source", c.cfg.Signals.Source, "window", c.cfg.Policy.Window, "msg", msg)
+		c.rec.Event(nodeRef(name), corev1.EventTypeWarning, ReasonNoSignals, msg)
+	}
+	for name := range c.unsignalled {
+		if seen[name] {
+			c.log.Info("GPU node's signals returned", "node", name)
+		}
+	}
+	c.unsignalled = now
 }
 
 // hasGPUs says whether a node has NVIDIA GPUs under a device plugin: any

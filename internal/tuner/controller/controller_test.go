@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuslice/gpuslice/internal/testenv"
@@ -43,6 +44,61 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("crash loops", func(t *testing.T) { testCrashLoops(t, env) })
 	t.Run("restart mode stores a change's direction", func(t *testing.T) { testRestartDirection(t, env) })
 	t.Run("a new leadership forgets the last one's node state", func(t *testing.T) { testNewLeadership(t, env) })
+	t.Run("a GPU node without signals is reported when the lapse starts", func(t *testing.T) { testNoSignals(t, env) })
+}
+
+// pluginScenario is a plugin-mode tuner selecting only the nodes labelled
+// scenario=ns, with the base config and one node of 4 replicas.
+func pluginScenario(t *testing.T, env *testenv.Env, ns, node string) *harness {
+	t.Helper()
+	cfg := testConfig(config.ModePlugin, ns)
+	cfg.Apply.NodeSelector = "scenario=" + ns
+	h := newHarness(t, env, cfg, nil)
+	h.namespace()
+	h.configMap(map[string]string{"default": baseConfig})
+	h.node(node, map[string]string{"scenario": ns}, 4)
+	return h
+}
+
+// testNoSignals: a selected GPU node the source has no samples for is left
+// alone, and the operator is told once per lapse; a node without GPUs is
+// not a lapse.
+func testNoSignals(t *testing.T, env *testenv.Env) {
+	const ns, node = "us-ns", "us-node"
+	h := pluginScenario(t, env, ns, node)
+	if _, err := env.Client.CoreV1().Nodes().Create(h.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "us-cpu", Labels: map[string]string{"scenario": ns}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	noSignals := func(when string, want int) {
+		t.Helper()
+		got := withReason(h.events(), ReasonNoSignals)
+		if len(got) != want {
+			t.Errorf("%s: %d %s Events %q, want %d", when, len(got), ReasonNoSignals, got, want)
+		}
+		for _, e := range got {
+			if !strings.Contains(e, "Warning") || !strings.Contains(e, "signals.source exporters") {
+				t.Errorf("%s: %q does not say which source had nothing", when, e)
+			}
+		}
+	}
+	h.round()
+	noSignals("first round", 1)
+	if l := h.getNode(node).Labels[ConfigLabel]; l != "" {
+		t.Errorf("a node without signals was moved to %q", l)
+	}
+	h.advance(10 * time.Second)
+	h.round()
+	noSignals("the lapse goes on", 0)
+	h.src.set(node, headroom(1))
+	h.advance(10 * time.Second)
+	h.round()
+	noSignals("signals back", 0)
+	h.src.mu.Lock()
+	delete(h.src.nodes, node)
+	h.src.mu.Unlock()
+	h.advance(10 * time.Second)
+	h.round()
+	noSignals("a second lapse", 1)
 }
 
 // testNewLeadership: what a replica knew of a node when it last led (a
@@ -51,12 +107,7 @@ func TestAgainstAPIServer(t *testing.T) {
 // A leadership starts from the nodes' annotations, as a new replica does.
 func testNewLeadership(t *testing.T, env *testenv.Env) {
 	const ns, node = "nl-ns", "nl-node"
-	cfg := testConfig(config.ModePlugin, ns)
-	cfg.Apply.NodeSelector = "scenario=" + ns
-	h := newHarness(t, env, cfg, nil)
-	h.namespace()
-	h.configMap(map[string]string{"default": baseConfig})
-	h.node(node, map[string]string{"scenario": ns}, 4)
+	h := pluginScenario(t, env, ns, node)
 	h.src.set(node, headroom(1))
 	h.round()
 	st := h.c.state[node]
