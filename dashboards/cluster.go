@@ -29,15 +29,17 @@ func Cluster() (dashboard.Dashboard, error) {
 			`sum by (job) (up{job=~".*gpuslice-(tuner|plugin).*"})`).
 			Decimals(0)).
 		WithPanel(statPanel("Critical Xids", "Xid errors that point at the GPU (not the application's 13, 31, 43, 45, 68, 109) in the dashboard's time range.", units.Number,
-			`sum(increase(gpuslice_gpu_xid_errors_total{xid!~"13|31|43|45|68|109", `+gpuSel+`}[$__range])) or vector(0)`).
+			`sum(`+xidEvents(`xid!~"13|31|43|45|68|109", `+gpuSel, "$__range")+`) or vector(0)`).
 			Decimals(0).
 			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(1.0), "red")))).
 		WithPanel(statPanel("Unhealthy GPUs", "GPUs the device plugins have marked unhealthy: the kubelet allocates none of their replicas.", units.Number,
 			`sum(gpuslice_plugin_unhealthy_gpus{`+nodeSel+`}) or vector(0)`).
 			Decimals(0).
 			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(1.0), "red")))).
+		// or on (): the 0 only when nothing fires; a plain or would add it
+		// beside every severity's count, its labels never matching theirs.
 		WithPanel(statPanel("Firing alerts", "gpuslice alerts firing now, by severity. Each has a section in the alert runbook (link at the top).", units.Number,
-			`sum by (severity) (ALERTS{alertname=~"GPUSlice.*", alertstate="firing"}) or vector(0)`).
+			`sum by (severity) (ALERTS{alertname=~"GPUSlice.*", alertstate="firing"}) or on () vector(0)`).
 			Decimals(0).
 			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(1.0), "orange")))).
 		WithPanel(tablePanel("Firing gpuslice alerts", "Alerts firing now, with their node and severity; see the alert runbook.", 4, 4,
@@ -56,7 +58,7 @@ func Cluster() (dashboard.Dashboard, error) {
 			`sum(gpuslice_gpu_memory_used_bytes{`+gpuSel+`}) / sum(gpuslice_gpu_memory_total_bytes{`+gpuSel+`})`).
 			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(0.8), "orange"), step(cog.ToPtr(0.95), "red")))).
 		WithPanel(statPanel("CUDA OOMs", "Out-of-memory events in pods over the dashboard's time range.", units.Number,
-			`sum(increase(gpuslice_gpu_oom_events_total{`+podSel+`}[$__range]))`).
+			`sum(`+oomEvents(podSel, "$__range")+`)`).
 			Decimals(0).
 			Thresholds(thresholds(step(nil, "green"), step(cog.ToPtr(1.0), "red")))).
 		WithPanel(statPanel("Tuner changes", "Replica changes gpuslice-tuner made over the dashboard's time range.", units.Number,
@@ -99,9 +101,9 @@ func Cluster() (dashboard.Dashboard, error) {
 
 	b.WithRow(dashboard.NewRowBuilder("CUDA out of memory")).
 		WithPanel(bars("CUDA OOMs per node", "Out-of-memory events in pods, per interval.", 8, 12).
-			WithTarget(target("A", `sum by (node) (increase(gpuslice_gpu_oom_events_total{`+podSel+`}[$__rate_interval]))`, "{{node}}"))).
+			WithTarget(target("A", `sum by (node) `+oomEvents(podSel, "$__rate_interval"), "{{node}}"))).
 		WithPanel(tablePanel("CUDA OOMs by pod", "Pods that ran out of GPU memory in the dashboard's time range, by kind: device (the GPU was full), process-cap (a limit of the pod's own, such as its CUDA MPS pinned limit), encoder-session (NVENC), unknown.", 8, 12,
-			`sort_desc(sum by (node, namespace, pod, container, kind) (increase(gpuslice_gpu_oom_events_total{`+podSel+`}[$__range])) > 0)`,
+			`sort_desc(sum by (node, namespace, pod, container, kind) `+oomEvents(podSel, "$__range")+` > 0)`,
 			nil,
 			[]column{{"node", "Node"}, {"namespace", "Namespace"}, {"pod", "Pod"}, {"container", "Container"}, {"kind", "Kind"}, {"Value", "OOM events"}}))
 

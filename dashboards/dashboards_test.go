@@ -215,7 +215,7 @@ func TestQueryCheckerCatchesBogusMetric(t *testing.T) {
 		{"panel target", "gpu-sharing-node.json", "gpuslice_gpu_power_watts", "gpuslice_gpu_power_watt", "$.panels["},
 		{"annotation", "gpu-sharing-node.json", "changes(gpuslice_tuner_changes_total", "changes(gpuslice_tuner_change_total", "$.annotations.list["},
 		{"variable", "gpu-sharing-cluster.json", "label_values(gpuslice_gpu_info, node)", "label_values(gpuslice_gpu_infos, node)", "$.templating.list[1].query"},
-		{"misspelt function", "gpu-sharing-cluster.json", "sum by (node) (increase(", "sum by (node) (increse(", "$.panels["},
+		{"misspelt function", "gpu-sharing-cluster.json", "increase(gpuslice_tuner_changes_total", "increse(gpuslice_tuner_changes_total", "$.panels["},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

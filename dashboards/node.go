@@ -114,11 +114,11 @@ func Node() (dashboard.Dashboard, error) {
 	b.WithRow(dashboard.NewRowBuilder("Events")).
 		WithPanel(bars("CUDA OOMs by pod", "Out-of-memory events per interval, by kind: device (the GPU was full), process-cap (a limit of the pod's own, such as its CUDA MPS pinned limit), encoder-session (NVENC), unknown.", 8, 8).
 			WithTarget(target("A",
-				`sum by (namespace, pod, kind) (increase(gpuslice_gpu_oom_events_total{`+podSel+`}[$__rate_interval]))`,
+				`sum by (namespace, pod, kind) `+oomEvents(podSel, "$__rate_interval"),
 				"{{namespace}}/{{pod}} {{kind}}"))).
 		WithPanel(bars("Xid errors", "Xid errors the driver reported, per interval. 13, 31, 43, 45, 68 and 109 are usually an application's fault; others point at the GPU.", 8, 8).
 			WithTarget(target("A",
-				`sum by (gpu, xid) (increase(gpuslice_gpu_xid_errors_total{`+gpuSel+`}[$__rate_interval]))`,
+				`sum by (gpu, xid) `+xidEvents(gpuSel, "$__rate_interval"),
 				"GPU {{gpu}} Xid {{xid}}"))).
 		WithPanel(versus("Tuner: recommended vs current replicas",
 			"Dashed: what gpuslice-tuner recommends for this node. Solid: what the node runs with.",

@@ -26,7 +26,9 @@ import (
 // the last hour's events from a real Prometheus scraping the exporter: a
 // container whose counters of two kinds went 0 → 1 while Prometheus
 // watched shows 2, one that OOMed once and is gone from the exporter since
-// is still listed with its 1, and a container that never OOMed shows 0.
+// is still listed with its 1, one whose encoder-session counter the
+// exporter created at its first OOM (no 0 before it for increase() to see)
+// shows 1, and a container that never OOMed shows 0.
 func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 	prometheus, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -53,6 +55,7 @@ func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 		b.WriteString("# TYPE gpuslice_container_gpu_allocation gauge\n")
 		b.WriteString("gpuslice_container_gpu_allocation{container=\"main\",gpu=\"0\",namespace=\"ml\",pod=\"yolo\",resource=\"nvidia.com/gpu\",uuid=\"GPU-1\"} 1\n")
 		b.WriteString("gpuslice_container_gpu_allocation{container=\"main\",gpu=\"0\",namespace=\"ml\",pod=\"quiet\",resource=\"nvidia.com/gpu\",uuid=\"GPU-1\"} 1\n")
+		b.WriteString("gpuslice_container_gpu_allocation{container=\"main\",gpu=\"0\",namespace=\"ml\",pod=\"first\",resource=\"nvidia.com/gpu\",uuid=\"GPU-1\"} 1\n")
 		b.WriteString("# TYPE gpuslice_gpu_oom_events_total counter\n")
 		// yolo's two OOMs are of two kinds: the column sums them.
 		for _, kind := range []string{"device", "process-cap"} {
@@ -61,6 +64,9 @@ func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 		}
 		if p < 2 {
 			fmt.Fprintf(&b, "gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",kind=\"device\",namespace=\"ml\",pod=\"gone\",source=\"log\",uuid=\"GPU-1\"} %d\n", p)
+		}
+		if p == 2 {
+			b.WriteString("gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",kind=\"encoder-session\",namespace=\"ml\",pod=\"first\",source=\"log\",uuid=\"GPU-1\"} 1\n")
 		}
 		_, _ = w.Write([]byte(b.String()))
 	}))
@@ -114,6 +120,7 @@ func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 		`(?m)^\s+GPU\s+POD\s+CONTAINER\s+MEMORY\s+SM\s+OOMS\(1H\)\s+IDLE$`,
 		`(?m)^\s+0\s+ml/yolo\s+main\s+\S+\s+\S+\s+2\s+\S+$`,
 		`(?m)^\s+0\s+ml/quiet\s+main\s+\S+\s+\S+\s+0\s+\S+$`,
+		`(?m)^\s+0\s+ml/first\s+main\s+\S+\s+\S+\s+1\s+\S+$`,
 		`(?m)^\s+0\s+ml/gone\s+main\s+\S+\s+\S+\s+1\s+\S+$`,
 	} {
 		if !regexp.MustCompile(want).MatchString(text) {

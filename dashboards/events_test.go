@@ -1,0 +1,151 @@
+package dashboards
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// panelExpr returns the query of a dashboard's panel's first target, with
+// the template variables set as Grafana would for "All" and the given
+// range and rate interval.
+func panelExpr(t *testing.T, file, title, rng, rateInterval string) string {
+	t.Helper()
+	d := loadJSON(t, file)
+	var found []string
+	var walk func(ps []any)
+	walk = func(ps []any) {
+		for _, p := range ps {
+			p, _ := p.(map[string]any)
+			if nested, ok := p["panels"].([]any); ok {
+				walk(nested)
+			}
+			if p["title"] != title {
+				continue
+			}
+			targets, _ := p["targets"].([]any)
+			if len(targets) == 0 {
+				continue
+			}
+			tg, _ := targets[0].(map[string]any)
+			if e, ok := tg["expr"].(string); ok {
+				found = append(found, e)
+			}
+		}
+	}
+	panels, _ := d["panels"].([]any)
+	walk(panels)
+	if len(found) != 1 {
+		t.Fatalf("%s: %d panels titled %q with a query, want 1", file, len(found), title)
+	}
+	return strings.NewReplacer(`"$node"`, `".*"`, `"$gpu"`, `".*"`, `"$namespace"`, `".*"`,
+		"$__range", rng, "$__rate_interval", rateInterval).Replace(found[0])
+}
+
+// TestEventCountsSeeEveryEvent evaluates the OOM and Xid panels' queries
+// with promtool on series shaped as the exporter makes them:
+//   - A: a device OOM counter created at 0, one OOM 30 minutes ago;
+//   - B: an encoder-session counter, created by its first OOM 20 minutes
+//     ago (increase() alone sees nothing of it);
+//   - C: an exporter rolled out 50 minutes ago: the new instance counts
+//     an OOM of two hours ago again (none in the range);
+//   - D: an OOM 40 minutes ago under a counter created by it, counted again
+//     by the exporter rolled out 30 minutes ago (one event, not two);
+//   - an Xid 79 (the GPU's) and an Xid 13 (an application's), each
+//     created by its first event 10 minutes ago;
+//   - an alert firing from 100m.
+func TestEventCountsSeeEveryEvent(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatalf("promtool not found (%v); apt-get install prometheus (make test does)", err)
+	}
+	oom := func(instance, pod, kind string) string {
+		return fmt.Sprintf(`gpuslice_gpu_oom_events_total{instance=%q, job="gpuslice-exporter", node="n1", namespace="ml", pod=%q, container="main", gpu="0", uuid="GPU-1", source="log", kind=%q}`, instance, pod, kind)
+	}
+	xid := func(x string) string {
+		return fmt.Sprintf(`gpuslice_gpu_xid_errors_total{instance="i1", job="gpuslice-exporter", node="n1", gpu="0", uuid="GPU-1", xid=%q}`, x)
+	}
+	// One sample a minute; the queries are evaluated at 180m.
+	input := map[string]string{
+		oom("i1", "a", "device"):          "0x150 1x30",
+		oom("i1", "b", "encoder-session"): "_x160 1x20",
+		oom("i1", "c", "device"):          "2x130",
+		oom("i2", "c", "device"):          "_x131 2x49",
+		oom("i1", "d", "device"):          "_x140 1x5",
+		oom("i2", "d", "device"):          "_x150 1x30",
+		xid("79"):                         "_x170 1x10",
+		xid("13"):                         "_x170 1x10",
+		`ALERTS{alertname="GPUSliceOOM", alertstate="firing", severity="warning"}`: "_x100 1x80",
+	}
+	type sample struct{ labels, value string }
+	tests := []struct {
+		file, title, rng string
+		at               string
+		want             []sample
+	}{
+		{"gpu-sharing-cluster.json", "CUDA OOMs", "1h", "180m", []sample{{"{}", "3"}}},
+		{"gpu-sharing-cluster.json", "Critical Xids", "1h", "180m", []sample{{"{}", "1"}}},
+		{"gpu-sharing-cluster.json", "CUDA OOMs by pod", "1h", "180m", []sample{
+			{`{node="n1", namespace="ml", pod="a", container="main", kind="device"}`, "1"},
+			{`{node="n1", namespace="ml", pod="b", container="main", kind="encoder-session"}`, "1"},
+			{`{node="n1", namespace="ml", pod="d", container="main", kind="device"}`, "1"},
+		}},
+		// Per interval: B's first OOM shows in the interval it came in.
+		{"gpu-sharing-cluster.json", "CUDA OOMs per node", "1h", "162m", []sample{{`{node="n1"}`, "1"}}},
+		{"gpu-sharing-node.json", "CUDA OOMs by pod", "1h", "162m", []sample{
+			{`{namespace="ml", pod="a", kind="device"}`, "0"},
+			{`{namespace="ml", pod="b", kind="encoder-session"}`, "1"},
+			{`{namespace="ml", pod="c", kind="device"}`, "0"},
+			{`{namespace="ml", pod="d", kind="device"}`, "0"},
+		}},
+		// A 0 when nothing fires, and only then.
+		{"gpu-sharing-cluster.json", "Firing alerts", "1h", "50m", []sample{{"{}", "0"}}},
+		{"gpu-sharing-cluster.json", "Firing alerts", "1h", "150m", []sample{{`{severity="warning"}`, "1"}}},
+		{"gpu-sharing-node.json", "Xid errors", "1h", "172m", []sample{
+			{`{gpu="0", xid="13"}`, "1"},
+			{`{gpu="0", xid="79"}`, "1"},
+		}},
+	}
+	// The OOM annotation marks B's first OOM, and not C's old one counted
+	// again by the rolled-out exporter.
+	annotation := ""
+	annotations, _ := loadJSON(t, "gpu-sharing-node.json")["annotations"].(map[string]any)
+	list, _ := annotations["list"].([]any)
+	for _, a := range list {
+		if a, _ := a.(map[string]any); a["name"] == "CUDA OOM" {
+			annotation, _ = a["expr"].(string)
+		}
+	}
+	if annotation == "" {
+		t.Fatal("gpu-sharing-node.json has no CUDA OOM annotation with a query")
+	}
+	annotation = strings.NewReplacer(`"$node"`, `".*"`, `"$gpu"`, `".*"`, `"$namespace"`, `".*"`).Replace(annotation)
+
+	var b strings.Builder
+	b.WriteString("rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n")
+	for series, values := range input {
+		fmt.Fprintf(&b, "      - series: %q\n        values: %q\n", series, values)
+	}
+	b.WriteString("    promql_expr_test:\n")
+	for _, tc := range tests {
+		expr := panelExpr(t, tc.file, tc.title, tc.rng, "5m")
+		fmt.Fprintf(&b, "      - expr: %q\n        eval_time: %s\n        exp_samples:\n", "round("+expr+")", tc.at)
+		for _, s := range tc.want {
+			fmt.Fprintf(&b, "          - labels: %q\n            value: %s\n", s.labels, s.value)
+		}
+	}
+	fmt.Fprintf(&b, "      - expr: %q\n        eval_time: 131m\n        exp_samples: []\n", annotation)
+	fmt.Fprintf(&b, "      - expr: %q\n        eval_time: 160m\n        exp_samples:\n          - labels: %q\n            value: 1\n",
+		annotation, oom("i1", "b", "encoder-session"))
+	f := filepath.Join(t.TempDir(), "events_test.yaml")
+	if err := os.WriteFile(f, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(promtool, "test", "rules", f).CombinedOutput()
+	if err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
+	}
+}
