@@ -805,6 +805,7 @@ func TestRenderedMonitoring(t *testing.T) {
 	}
 	jobRe := exporterJobRegex(t)
 	nodeRelabel := map[string]any{"action": "replace", "sourceLabels": []any{"__meta_kubernetes_pod_node_name"}, "targetLabel": "node"}
+	podLabelsDrop := map[string]any{"action": "labeldrop", "regex": "namespace|pod|container"}
 
 	checkRelabel := func(t *testing.T, o Object, endpoints string) {
 		t.Helper()
@@ -814,6 +815,11 @@ func TestRenderedMonitoring(t *testing.T) {
 		wantNode := !strings.HasSuffix(o.GetName(), "-tuner")
 		if hasNode != wantNode {
 			t.Errorf("%s: node relabel present=%v, want %v (relabelings %v)", o, hasNode, wantNode, relabels)
+		}
+		// Every component's own namespace/pod/container labels (the
+		// exporter's containers, the tuner's DRA advice) keep their names.
+		if !slices.ContainsFunc(relabels, func(r any) bool { return cmp.Equal(r, podLabelsDrop) }) {
+			t.Errorf("%s: relabelings %v do not drop the target's namespace/pod/container", o, relabels)
 		}
 	}
 

@@ -130,15 +130,24 @@ in the release namespace.
 
 {{/*
 Relabelings of the exporter's and plugin's monitors: the pod's node becomes
-the `node` label the alerts and dashboards group by; the target's
-namespace/pod/container labels are dropped because the exporter's own
-labels of those names name the GPU workload, and a clash would rename them
-to exported_*.
+the `node` label the alerts and dashboards group by; then
+gpuslice.podLabelsDrop.
 */}}
 {{- define "gpuslice.nodeRelabelings" -}}
 - action: replace
   sourceLabels: [__meta_kubernetes_pod_node_name]
   targetLabel: node
+{{ include "gpuslice.podLabelsDrop" . }}
+{{- end }}
+
+{{/*
+Every monitor drops the target's namespace/pod/container labels: the
+exporter's and the tuner's own labels of those names name the GPU workload
+(gpuslice_container_*, gpuslice_tuner_recommended_memory_request_bytes),
+and a clash would rename them to exported_*. The tuner keeps no node
+relabel: its series carry the node they are about.
+*/}}
+{{- define "gpuslice.podLabelsDrop" -}}
 - action: labeldrop
   regex: namespace|pod|container
 {{- end }}
