@@ -80,34 +80,25 @@ const (
 	nodeSel = `node=~"$node"`
 )
 
-// The identity of an OOM and of an Xid counter series: every label but the
-// scrape's own (instance, job, the exporter pod's), which change when the
-// exporter is rolled out while the events it counts do not.
-const (
-	oomIDs = "node, namespace, pod, container, uuid, source, kind"
-	xidIDs = "node, gpu, uuid, xid"
-)
-
-// oomEvents and xidEvents count a counter's events over rng per (ids).
+// oomEvents and xidEvents count a counter's events over rng, per series.
 func oomEvents(sel, rng string) string {
-	return eventsOver("gpuslice_gpu_oom_events_total{"+sel+"}", rng, oomIDs)
+	return eventsOver("gpuslice_gpu_oom_events_total{"+sel+"}", rng)
 }
 
 func xidEvents(sel, rng string) string {
-	return eventsOver("gpuslice_gpu_xid_errors_total{"+sel+"}", rng, xidIDs)
+	return eventsOver("gpuslice_gpu_xid_errors_total{"+sel+"}", rng)
 }
 
-// eventsOver counts the events of a counter over rng, per its identity
-// labels ids. increase() needs two samples of a series, and the exporter
-// creates some counters at their first event (an OOM of a kind it does not
-// create at 0, an Xid outside the alerted ones): a series with no sample
-// at rng's start counts its whole value, the others their increase. A
-// rolled-out exporter counts the events it remembers again under a new
-// instance; matching on ids, that series is not new while the old one was
-// there, and max, not sum, takes one of two new ones.
-func eventsOver(series, rng, ids string) string {
-	return "(max by (" + ids + ") (" + series + " unless on (" + ids + ") " + series + " offset " + rng + ")" +
-		" or sum by (" + ids + ") (increase(" + series + "[" + rng + "])))"
+// eventsOver counts the events of a counter over rng. increase() needs two
+// samples of a series, and the exporter creates some counters at their
+// first event (an OOM of a kind it does not create at 0, an Xid outside
+// the alerted ones): a series with no sample at rng's start counts its
+// whole value, the others their increase. A rolled-out exporter is a new
+// instance whose counters start again from 0 or from a first event (it
+// does not count history again: internal/oom), so each series is matched
+// with its own past, instance included.
+func eventsOver(series, rng string) string {
+	return "((" + series + " unless " + series + " offset " + rng + ") or increase(" + series + "[" + rng + "]))"
 }
 
 // runbookURL is where the alerts' runbook_url annotations point too.
@@ -193,11 +184,9 @@ func queryVariable(name, label, query string, multi bool) *dashboard.QueryVariab
 // time-series panel of a dashboard.
 func annotations() []cog.Builder[dashboard.AnnotationQuery] {
 	// A counter born at its first event has no earlier sample for changes()
-	// to compare with; the second half catches that first event. It
-	// matches on the counter's identity, not the instance, so that a
-	// rolled-out exporter's counters of old events mark nothing.
+	// to compare with; the second half catches that first event.
 	oom := `changes(gpuslice_gpu_oom_events_total{` + podSel + `}[2m]) > 0` +
-		` or (gpuslice_gpu_oom_events_total{` + podSel + `} > 0 unless on (` + oomIDs + `) gpuslice_gpu_oom_events_total{` + podSel + `} offset 2m)`
+		` or (gpuslice_gpu_oom_events_total{` + podSel + `} > 0 unless gpuslice_gpu_oom_events_total{` + podSel + `} offset 2m)`
 	tuner := `sum by (node, resource, direction) (changes(gpuslice_tuner_changes_total{` + nodeSel + `}[2m])) > 0`
 	return []cog.Builder[dashboard.AnnotationQuery]{
 		dashboard.NewAnnotationQueryBuilder().

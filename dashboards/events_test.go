@@ -50,10 +50,10 @@ func panelExpr(t *testing.T, file, title, rng, rateInterval string) string {
 //   - A: a device OOM counter created at 0, one OOM 30 minutes ago;
 //   - B: an encoder-session counter, created by its first OOM 20 minutes
 //     ago (increase() alone sees nothing of it);
-//   - C: an exporter rolled out 50 minutes ago: the new instance counts
-//     an OOM of two hours ago again (none in the range);
-//   - D: an OOM 40 minutes ago under a counter created by it, counted again
-//     by the exporter rolled out 30 minutes ago (one event, not two);
+//   - an exporter rolled out 50 minutes ago: a new instance, which counts
+//     no history; C's device counter starts again at 0, and E's
+//     encoder-session counter, which the old instance had at 1, is created
+//     again by a new OOM 30 minutes ago;
 //   - an Xid 79 (the GPU's) and an Xid 13 (an application's), each
 //     created by its first event 10 minutes ago;
 //   - an alert firing from 100m.
@@ -73,9 +73,9 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 		oom("i1", "a", "device"):          "0x150 1x30",
 		oom("i1", "b", "encoder-session"): "_x160 1x20",
 		oom("i1", "c", "device"):          "2x130",
-		oom("i2", "c", "device"):          "_x131 2x49",
-		oom("i1", "d", "device"):          "_x140 1x5",
-		oom("i2", "d", "device"):          "_x150 1x30",
+		oom("i2", "c", "device"):          "_x131 0x49",
+		oom("i1", "e", "encoder-session"): "1x130",
+		oom("i2", "e", "encoder-session"): "_x150 1x30",
 		xid("79"):                         "_x170 1x10",
 		xid("13"):                         "_x170 1x10",
 		`ALERTS{alertname="GPUSliceOOM", alertstate="firing", severity="warning"}`: "_x100 1x80",
@@ -91,7 +91,7 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 		{"gpu-sharing-cluster.json", "CUDA OOMs by pod", "1h", "180m", []sample{
 			{`{node="n1", namespace="ml", pod="a", container="main", kind="device"}`, "1"},
 			{`{node="n1", namespace="ml", pod="b", container="main", kind="encoder-session"}`, "1"},
-			{`{node="n1", namespace="ml", pod="d", container="main", kind="device"}`, "1"},
+			{`{node="n1", namespace="ml", pod="e", container="main", kind="encoder-session"}`, "1"},
 		}},
 		// Per interval: B's first OOM shows in the interval it came in.
 		{"gpu-sharing-cluster.json", "CUDA OOMs per node", "1h", "162m", []sample{{`{node="n1"}`, "1"}}},
@@ -99,7 +99,7 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 			{`{namespace="ml", pod="a", kind="device"}`, "0"},
 			{`{namespace="ml", pod="b", kind="encoder-session"}`, "1"},
 			{`{namespace="ml", pod="c", kind="device"}`, "0"},
-			{`{namespace="ml", pod="d", kind="device"}`, "0"},
+			{`{namespace="ml", pod="e", kind="encoder-session"}`, "0"},
 		}},
 		// A 0 when nothing fires, and only then.
 		{"gpu-sharing-cluster.json", "Firing alerts", "1h", "50m", []sample{{"{}", "0"}}},
@@ -109,8 +109,8 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 			{`{gpu="0", xid="79"}`, "1"},
 		}},
 	}
-	// The OOM annotation marks B's first OOM, and not C's old one counted
-	// again by the rolled-out exporter.
+	// The OOM annotation marks B's first OOM when it comes, and not the
+	// rolled-out exporter's new counters at 0.
 	annotation := ""
 	annotations, _ := loadJSON(t, "gpu-sharing-node.json")["annotations"].(map[string]any)
 	list, _ := annotations["list"].([]any)

@@ -129,15 +129,13 @@ func scrape(ctx context.Context, u string, timeout time.Duration) (status.Scrape
 // kind. increase() copes with counter resets (it extrapolates, hence the
 // rounding to whole events) but needs two samples, and the exporter
 // creates the counters of some kinds at their first event: a series with
-// no sample an hour ago counts its whole value. Matching on the counter's
-// labels, not the instance, a rolled-out exporter's count of old events is
-// not new, and max takes one of two new ones.
+// no sample an hour ago counts its whole value. A rolled-out exporter
+// counts no history again (internal/oom), so each series, instance
+// included, is its own.
 func RecentOOMQuery(nodeLabel string) string {
 	m := "gpuslice_gpu_oom_events_total{" + nodeLabel + `!=""}`
-	ids := nodeLabel + ", uuid, namespace, pod, container, source, kind"
 	return "round(sum by (" + nodeLabel + ", uuid, namespace, pod, container) (" +
-		"max by (" + ids + ") (" + m + " unless on (" + ids + ") " + m + " offset 1h)" +
-		" or sum by (" + ids + ") (increase(" + m + "[1h]))))"
+		"(" + m + " unless " + m + " offset 1h) or increase(" + m + "[1h])))"
 }
 
 // recentOOMs asks Prometheus for RecentOOMQuery at now; statusCommand has
