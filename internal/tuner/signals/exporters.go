@@ -210,7 +210,7 @@ func (e *Exporters) ScrapeOnce(ctx context.Context) {
 
 func (e *Exporters) scrape(ctx context.Context, t Target) {
 	at := e.now()
-	r, err := e.fetch(ctx, t.URL)
+	r, start, err := e.fetch(ctx, t.URL)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil {
@@ -229,6 +229,7 @@ func (e *Exporters) scrape(ctx context.Context, t Target) {
 		tr = newOOMTracker()
 		e.trackers[t.ID] = tr
 	}
+	tr.started(start)
 	e.window.Add(t.Node, tr.samples(r, at))
 	if e.idle == nil {
 		e.idle = map[string]idleLook{}
@@ -236,26 +237,26 @@ func (e *Exporters) scrape(ctx context.Context, t Target) {
 	e.idle[t.Node] = idleLook{at: at, holders: r.holders()}
 }
 
-func (e *Exporters) fetch(ctx context.Context, url string) (Reading, error) {
+func (e *Exporters) fetch(ctx context.Context, url string) (Reading, float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, e.o.Config.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := e.client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("%s: HTTP %s", url, resp.Status)
+		return nil, 0, fmt.Errorf("%s: HTTP %s", url, resp.Status)
 	}
-	r, err := ParseExposition(io.LimitReader(resp.Body, maxBody))
+	r, start, err := parseExposition(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", url, err)
+		return nil, 0, fmt.Errorf("%s: %w", url, err)
 	}
-	return r, nil
+	return r, start, nil
 }

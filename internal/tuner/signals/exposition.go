@@ -62,21 +62,38 @@ type Reading map[string]*GPUReading
 
 // ParseExposition reads an exporter's /metrics in the Prometheus text format.
 func ParseExposition(r io.Reader) (Reading, error) {
+	out, _, err := parseExposition(r)
+	return out, err
+}
+
+// metricProcessStart is the exporter process's start time: when it changes,
+// the exporter restarted and its counters began again.
+const metricProcessStart = "process_start_time_seconds"
+
+// parseExposition is ParseExposition, and the exporter's process start time
+// (0 when it has none).
+func parseExposition(r io.Reader) (Reading, float64, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(r)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrExposition, err)
+		return nil, 0, fmt.Errorf("%w: %w", ErrExposition, err)
 	}
 	out := Reading{}
+	// A value that is not a number (NaN, ±Inf) says nothing the policy
+	// could use; as memory it would read as a full card or an empty one.
 	each := func(name string, f func(l map[string]string, v float64)) {
 		fam := fams[name]
 		if fam == nil {
 			return
 		}
 		for _, m := range fam.GetMetric() {
-			f(labelMap(m), value(m))
+			if v := value(m); !math.IsNaN(v) && !math.IsInf(v, 0) {
+				f(labelMap(m), v)
+			}
 		}
 	}
+	var start float64
+	each(metricProcessStart, func(_ map[string]string, v float64) { start = v })
 	each(MetricMemoryTotal, func(l map[string]string, v float64) {
 		if u := l["uuid"]; u != "" {
 			out[u] = &GPUReading{Index: l["gpu"], MemoryTotalBytes: toBytes(v), Containers: map[string]uint64{}, OOMCounters: map[string]float64{}, OOMSeries: map[string]policy.OOM{}, Idle: map[string]IdleHolder{}}
@@ -129,7 +146,7 @@ func ParseExposition(r io.Reader) (Reading, error) {
 		g.OOMCounters[series] = v
 		g.OOMSeries[series] = oomOf(l)
 	})
-	return out, nil
+	return out, start, nil
 }
 
 func oomSeries(namespace, pod, container, source string) string {
@@ -185,8 +202,13 @@ func toBytes(v float64) uint64 {
 // oomTracker turns OOM counters into events since the previous look at one
 // target (see the package doc for the rules).
 type oomTracker struct {
-	seeded bool
-	last   map[string]counterState // uuid + series → last value
+	// gpus holds when each GPU was last in a reading. A GPU's first
+	// reading, or its first after forgetCounter, is its counters'
+	// baseline: a GPU that NVML could not read when the tracker began
+	// would otherwise count its counters' whole past when it comes back.
+	gpus  map[string]time.Time
+	last  map[string]counterState // uuid + series → last value
+	start float64                 // the exporter's process start, 0 unknown
 }
 
 type counterState struct {
@@ -199,18 +221,36 @@ type counterState struct {
 // far beyond the policy's window anyway.
 const forgetCounter = 2 * time.Hour
 
-func newOOMTracker() *oomTracker { return &oomTracker{last: map[string]counterState{}} }
+func newOOMTracker() *oomTracker {
+	return &oomTracker{gpus: map[string]time.Time{}, last: map[string]counterState{}}
+}
+
+// started notes the exporter's process start time. When it changed, the
+// exporter restarted: its counters begin again (it counts no history), at
+// 0 or at a new event's 1, so the values remembered from the process
+// before mean nothing; a counter at 1 again would read as no event.
+func (t *oomTracker) started(start float64) {
+	if start != 0 && t.start != 0 && start != t.start {
+		clear(t.last)
+	}
+	if start != 0 {
+		t.start = start
+	}
+}
 
 // events returns the OOM events per GPU UUID since the previous call.
 func (t *oomTracker) events(r Reading, now time.Time) map[string][]policy.OOM {
 	out := map[string][]policy.OOM{}
 	for uuid, g := range r {
+		seen, known := t.gpus[uuid]
+		baseline := !known || now.Sub(seen) > forgetCounter
+		t.gpus[uuid] = now
 		for series, v := range g.OOMCounters {
 			k := uuid + "\x00" + series
 			prev, ok := t.last[k]
 			var d float64
 			switch {
-			case !t.seeded:
+			case baseline:
 			case !ok || v < prev.v:
 				d = v
 			default:
@@ -222,10 +262,14 @@ func (t *oomTracker) events(r Reading, now time.Time) map[string][]policy.OOM {
 			}
 		}
 	}
-	t.seeded = true
 	for k, c := range t.last {
 		if now.Sub(c.seen) > forgetCounter {
 			delete(t.last, k)
+		}
+	}
+	for uuid, seen := range t.gpus {
+		if now.Sub(seen) > forgetCounter {
+			delete(t.gpus, uuid)
 		}
 	}
 	return out

@@ -69,17 +69,28 @@ func (p *Prometheus) Queries() map[string]string {
 	rng := model.Duration(2 * p.o.Step).String()
 	by := func(extra string) string { return "max by (" + n + ", uuid" + extra + ") " }
 	return map[string]string{
-		"total":      by("") + "(" + MetricMemoryTotal + sel + ")",
+		// gpu: the index, which a plugin config's devices list names.
+		"total":      by(", gpu") + "(" + MetricMemoryTotal + sel + ")",
 		"used":       by("") + "(" + MetricMemoryUsed + sel + ")",
 		"containers": by(", namespace, pod, container") + "(max_over_time(" + MetricContainerMemory + sel + "[" + rng + "]))",
 		"limits":     by(", namespace, pod, container") + "(" + MetricContainerLimit + sel + ")",
 		"advertised": "sum by (" + n + ", uuid) (" + by(", resource") + "(" + MetricReplicas + sel + "))",
 		"allocated":  "sum by (" + n + ", uuid) (" + by(", resource") + "(" + MetricReplicasAllocated + sel + "))",
-		"oom":        by(", namespace, pod, container, source, kind") + "(" + MetricOOMEvents + sel + ")",
+		// instance: a rolled-out exporter's counters begin again (it
+		// counts no history), at 0 or at a new event's 1; merged with the
+		// old pod's series, a 1 after a 1 would read as no event.
+		"oom": by(", namespace, pod, container, source, kind, instance") + "(" + MetricOOMEvents + sel + ")",
 	}
 }
 
 type gpuKey struct{ node, uuid string }
+
+// finite says whether a sample is a number the policy can use: an exporter
+// gone wrong can expose NaN or ±Inf, which as memory would read as a full
+// card or an empty one, and as a count as a huge negative one.
+func finite(v model.SampleValue) bool {
+	return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0)
+}
 
 // Observe implements Source. The queries start one step before the window:
 // that step is the OOM counters' baseline.
@@ -110,10 +121,17 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 	nodeFirst := map[string]model.Time{}
 	for _, s := range res["total"] {
 		k := key(s.Metric)
-		byT := map[model.Time]*policy.Sample{}
-		samples[k] = byT
+		// One GPU can have two series: its index changed (a reboot).
+		byT := samples[k]
+		if byT == nil {
+			byT = map[model.Time]*policy.Sample{}
+			samples[k] = byT
+		}
 		for _, pt := range s.Values {
-			byT[pt.Timestamp] = &policy.Sample{Time: pt.Timestamp.Time(), MemoryTotalBytes: toBytes(float64(pt.Value)), ContainerPeaks: map[string]uint64{}}
+			if !finite(pt.Value) {
+				continue
+			}
+			byT[pt.Timestamp] = &policy.Sample{Time: pt.Timestamp.Time(), GPU: string(s.Metric["gpu"]), MemoryTotalBytes: toBytes(float64(pt.Value)), ContainerPeaks: map[string]uint64{}}
 			if f, ok := nodeFirst[k.node]; !ok || pt.Timestamp < f {
 				nodeFirst[k.node] = pt.Timestamp
 			}
@@ -123,7 +141,7 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 		for _, s := range res[name] {
 			byT := samples[key(s.Metric)]
 			for _, pt := range s.Values {
-				if smp := byT[pt.Timestamp]; smp != nil {
+				if smp := byT[pt.Timestamp]; smp != nil && finite(pt.Value) {
 					f(smp, s.Metric, float64(pt.Value))
 				}
 			}
@@ -159,17 +177,22 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 		if !ok || len(ss) == 0 {
 			continue
 		}
-		for i, pt := range s.Values {
+		var prev *model.SamplePair
+		for _, pt := range s.Values {
+			if !finite(pt.Value) {
+				continue
+			}
 			v := float64(pt.Value)
 			var d float64
 			switch {
-			case i == 0 && pt.Timestamp <= first:
+			case prev == nil && pt.Timestamp <= first:
 				// The node's first step: a baseline.
-			case i == 0 || v < float64(s.Values[i-1].Value):
+			case prev == nil || v < float64(prev.Value):
 				d = v // a new series, or a reset
 			default:
-				d = v - float64(s.Values[i-1].Value)
+				d = v - float64(prev.Value)
 			}
+			prev = &pt
 			if d <= 0 {
 				continue
 			}

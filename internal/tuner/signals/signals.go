@@ -11,11 +11,16 @@
 // it has history at once and survives restarts.
 //
 // OOM events come from counters, and a counter's first value says nothing
-// about when its events happened: the first look at a target (or, from
-// Prometheus, the first step a node appears in) is a baseline and counts
-// nothing. A series that appears later counts its whole value (the exporter
-// creates a container's counter at its first OOM), and a counter that goes
-// down was reset (an exporter restart) and counts its new value.
+// about when its events happened: the first look at a GPU of a target (or,
+// from Prometheus, the first step a node appears in) is a baseline and
+// counts nothing. A series that appears later counts its whole value (the
+// exporter creates some of a container's counters at its first OOM), and a
+// counter that goes down was reset and counts its new value. A restarted
+// exporter counts no history, so its counters begin again at 0 or at a new
+// event's 1: Exporters sees the restart in its process_start_time_seconds
+// and forgets the values from before, and Prometheus keeps each instance's
+// series apart (a rollout is a new instance). Samples that are not numbers
+// (NaN, ±Inf) are dropped.
 package signals
 
 import (

@@ -76,7 +76,11 @@ func TestParseExposition(t *testing.T) {
 }
 
 func TestOOMTracker(t *testing.T) {
+	// nil: GPU-a is not in the reading.
 	reading := func(counters map[string]float64) Reading {
+		if counters == nil {
+			return Reading{}
+		}
 		return Reading{"GPU-a": {OOMCounters: counters}}
 	}
 	for _, tc := range []struct {
@@ -90,6 +94,9 @@ func TestOOMTracker(t *testing.T) {
 		{"reset counts the new value", []map[string]float64{{"c/log": 4}, {"c/log": 1}}, []int{0, 1}},
 		{"a series absent for a while keeps its value", []map[string]float64{{"c/log": 4}, {}, {"c/log": 4}, {"c/log": 5}}, []int{0, 0, 0, 1}},
 		{"sources add up", []map[string]float64{{"c/log": 1, "c/termination": 1}, {"c/log": 2, "c/termination": 2}}, []int{0, 2}},
+		// A GPU that NVML could not read at the first look (absent from
+		// the reading) has its baseline when it comes.
+		{"a GPU absent at first is a baseline when it comes", []map[string]float64{nil, {"c/log": 7}, {"c/log": 8}}, []int{0, 0, 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := newOOMTracker()
@@ -101,6 +108,60 @@ func TestOOMTracker(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An exporter that restarted counts no history: its counters begin again,
+// at 0 or at a new event's 1. Its process start time says so, and a 1 after
+// a 1 is then an event; the same 1 from the same process is not. A GPU
+// gone for longer than forgetCounter is a baseline again when it comes.
+func TestOOMTrackerExporterRestart(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	r := func(v float64) Reading {
+		return Reading{"GPU-a": {OOMCounters: map[string]float64{"c/log/unknown": v}}}
+	}
+	tr := newOOMTracker()
+	steps := []struct {
+		start float64
+		r     Reading
+		at    time.Time
+		want  int
+	}{
+		{100, r(0), at(0), 0},
+		{100, r(1), at(15), 1},
+		{100, r(1), at(30), 0},
+		{500, Reading{"GPU-a": {}}, at(45), 0}, // restarted: the counter is not there yet
+		{500, r(1), at(60), 1},                 // and comes with a new event
+		{0, r(1), at(75), 0},                   // no start time: nothing changes
+		{500, r(1), at(90), 0},
+		{500, Reading{}, at(105), 0},
+		{500, r(4), at(105).Add(3 * forgetCounter), 0}, // GPU-a back after long: a baseline
+	}
+	for i, s := range steps {
+		tr.started(s.start)
+		if got := len(tr.events(s.r, s.at)["GPU-a"]); got != s.want {
+			t.Errorf("step %d: %d events, want %d", i, got, s.want)
+		}
+	}
+}
+
+// A sample that is not a number is dropped, not read as a huge count or
+// a full card.
+func TestParseExpositionSkipsNaN(t *testing.T) {
+	text := "gpuslice_gpu_memory_total_bytes{gpu=\"0\",uuid=\"GPU-a\"} 2.5e+10\n" +
+		"gpuslice_gpu_memory_total_bytes{gpu=\"1\",uuid=\"GPU-b\"} +Inf\n" +
+		"gpuslice_gpu_replicas{gpu=\"0\",uuid=\"GPU-a\",resource=\"nvidia.com/gpu\"} NaN\n" +
+		"process_start_time_seconds 1.7e+09\n"
+	r, start, err := parseExposition(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r) != 1 || r["GPU-a"] == nil || r["GPU-a"].ReplicasAdvertised != 0 {
+		t.Errorf("reading %+v, want GPU-a alone with no replicas read", r)
+	}
+	if start != 1.7e9 {
+		t.Errorf("process start %v, want 1.7e9", start)
 	}
 }
 

@@ -5,10 +5,14 @@ import (
 
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -259,6 +263,9 @@ scrape_configs:
 					return fmt.Sprintf("GPUs per node: gpu-a %d, gpu-b %d (%v)", len(a), len(b), obs)
 				case ga.MemoryTotalBytes != simnode.A6000Bytes || ga.MemoryUsedBytes != 6*gib+gib/2:
 					return fmt.Sprintf("gpu-a memory %d/%d", ga.MemoryUsedBytes, ga.MemoryTotalBytes)
+				// The index, which a plugin config's devices list names.
+				case ga.GPU != "0" || b[b0].GPU != "0" || b[b1].GPU != "1":
+					return fmt.Sprintf("GPU indices: gpu-a %q, gpu-b %q and %q", ga.GPU, b[b0].GPU, b[b1].GPU)
 				case ga.ContainerPeaks["ml/yolo/main"] != 6*gib || ga.ContainerPeaks["media/ffmpeg/enc"] != gib/2:
 					return fmt.Sprintf("gpu-a containers %v", ga.ContainerPeaks)
 				case ga.ReplicasAdvertised != 4 || ga.ReplicasAllocated != 3:
@@ -344,4 +351,71 @@ scrape_configs:
 			})
 		})
 	}
+}
+
+// TestPrometheusExporterRollout: a rolled-out exporter is a new instance
+// whose counters begin again (it counts no history). A container whose
+// encoder-session counter the old pod had at 1 fails again after the
+// rollout, and the new pod creates that counter at 1: one event, read
+// through a real Prometheus scraping the two pods one after the other.
+func TestPrometheusExporterRollout(t *testing.T) {
+	var phase atomic.Int32 // 0: the old pod answers; 1: the new one
+	serve := func(live int32) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if phase.Load() != live {
+				http.Error(w, "gone", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprint(w, "gpuslice_gpu_memory_total_bytes{gpu=\"0\",uuid=\"GPU-a\"} 2.5e+10\n"+
+				"gpuslice_gpu_oom_events_total{container=\"enc\",gpu=\"0\",kind=\"encoder-session\",namespace=\"media\",pod=\"ffmpeg\",source=\"log\",uuid=\"GPU-a\"} 1\n")
+		}))
+	}
+	old, cur := serve(0), serve(1)
+	defer old.Close()
+	defer cur.Close()
+	dir := t.TempDir()
+	cfg := fmt.Sprintf("global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: gpuslice-exporter\n    static_configs:\n      - {targets: [%q, %q], labels: {node: n1}}\n",
+		strings.TrimPrefix(old.URL, "http://"), strings.TrimPrefix(cur.URL, "http://"))
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	startProcess(t, prometheusBinary(t), "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address=127.0.0.1:"+strconv.Itoa(port), "--log.level=warn")
+	src, err := NewPrometheus(PrometheusOptions{Config: config.Prometheus{URL: "http://127.0.0.1:" + strconv.Itoa(port), NodeLabel: "node", Timeout: 5 * time.Second}, Step: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := func() (int, int, error) {
+		obs, err := src.Observe(t.Context(), time.Now(), time.Minute)
+		if err != nil {
+			return 0, 0, err
+		}
+		n, samples, _ := oomsIn(obs, "n1", "GPU-a", time.Time{})
+		return n, samples, nil
+	}
+	// The old pod, watched for a while: its 1 is the baseline.
+	poll(t, 30*time.Second, func() string {
+		n, samples, err := events()
+		switch {
+		case err != nil:
+			return err.Error()
+		case samples < 5:
+			return fmt.Sprintf("%d samples", samples)
+		case n != 0:
+			t.Fatalf("%d OOM events before the rollout, want 0", n)
+		}
+		return ""
+	})
+	phase.Store(1)
+	poll(t, 30*time.Second, func() string {
+		n, _, err := events()
+		switch {
+		case err != nil:
+			return err.Error()
+		case n != 1:
+			return fmt.Sprintf("%d OOM events after the rollout, want 1", n)
+		}
+		return ""
+	})
 }
