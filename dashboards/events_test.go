@@ -58,10 +58,6 @@ func panelExpr(t *testing.T, file, title, rng, rateInterval string) string {
 //     created by its first event 10 minutes ago;
 //   - an alert firing from 100m.
 func TestEventCountsSeeEveryEvent(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatalf("promtool not found (%v); apt-get install prometheus (make test does)", err)
-	}
 	oom := func(instance, pod, kind string) string {
 		return fmt.Sprintf(`gpuslice_gpu_oom_events_total{instance=%q, job="gpuslice-exporter", node="n1", namespace="ml", pod=%q, container="main", gpu="0", uuid="GPU-1", source="log", kind=%q}`, instance, pod, kind)
 	}
@@ -80,7 +76,6 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 		xid("13"):                         "_x170 1x10",
 		`ALERTS{alertname="GPUSliceOOM", alertstate="firing", severity="warning"}`: "_x100 1x80",
 	}
-	type sample struct{ labels, value string }
 	tests := []struct {
 		file, title, rng string
 		at               string
@@ -124,23 +119,66 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 	}
 	annotation = strings.NewReplacer(`"$node"`, `".*"`, `"$gpu"`, `".*"`, `"$namespace"`, `".*"`).Replace(annotation)
 
+	var cases []exprCase
+	for _, tc := range tests {
+		cases = append(cases, exprCase{"round(" + panelExpr(t, tc.file, tc.title, tc.rng, "5m") + ")", tc.at, tc.want})
+	}
+	cases = append(cases,
+		exprCase{annotation, "131m", nil},
+		exprCase{annotation, "160m", []sample{{oom("i1", "b", "encoder-session"), "1"}}})
+	promtoolEval(t, input, cases)
+}
+
+// TestPodMemoryPeakSumsContainers: a pod's peak is what its GPU
+// containers hold together, each counted once over two exporter instances
+// (a rollout).
+func TestPodMemoryPeakSumsContainers(t *testing.T) {
+	mem := func(instance, container string) string {
+		return fmt.Sprintf(`gpuslice_container_gpu_memory_used_bytes{instance=%q, node="n1", namespace="ml", pod="p", container=%q, gpu="0", uuid="GPU-1"}`, instance, container)
+	}
+	input := map[string]string{
+		mem("i1", "main"):    "1073741824x30 4294967296x10",
+		mem("i2", "main"):    "_x40 4294967296x20",
+		mem("i1", "sidecar"): "1073741824x60",
+	}
+	promtoolEval(t, input, []exprCase{
+		{panelExpr(t, "gpu-sharing-node.json", "Memory peak by pod", "1h", "5m"), "60m", []sample{{`{namespace="ml", pod="p", gpu="0"}`, "5368709120"}}},
+		{panelExpr(t, "gpu-sharing-node.json", "Memory by pod, 1h rolling peak", "1h", "5m"), "60m", []sample{{`{namespace="ml", pod="p", gpu="0"}`, "5368709120"}}},
+	})
+}
+
+type sample struct{ labels, value string }
+
+type exprCase struct {
+	expr, at string
+	want     []sample
+}
+
+// promtoolEval has promtool evaluate each case's expression at its time on
+// the input series (one sample a minute) and compare the result.
+func promtoolEval(t *testing.T, input map[string]string, cases []exprCase) {
+	t.Helper()
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatalf("promtool not found (%v); apt-get install prometheus (make test does)", err)
+	}
 	var b strings.Builder
 	b.WriteString("rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n")
 	for series, values := range input {
 		fmt.Fprintf(&b, "      - series: %q\n        values: %q\n", series, values)
 	}
 	b.WriteString("    promql_expr_test:\n")
-	for _, tc := range tests {
-		expr := panelExpr(t, tc.file, tc.title, tc.rng, "5m")
-		fmt.Fprintf(&b, "      - expr: %q\n        eval_time: %s\n        exp_samples:\n", "round("+expr+")", tc.at)
-		for _, s := range tc.want {
+	for _, c := range cases {
+		fmt.Fprintf(&b, "      - expr: %q\n        eval_time: %s\n        exp_samples:", c.expr, c.at)
+		if len(c.want) == 0 {
+			b.WriteString(" []")
+		}
+		b.WriteString("\n")
+		for _, s := range c.want {
 			fmt.Fprintf(&b, "          - labels: %q\n            value: %s\n", s.labels, s.value)
 		}
 	}
-	fmt.Fprintf(&b, "      - expr: %q\n        eval_time: 131m\n        exp_samples: []\n", annotation)
-	fmt.Fprintf(&b, "      - expr: %q\n        eval_time: 160m\n        exp_samples:\n          - labels: %q\n            value: 1\n",
-		annotation, oom("i1", "b", "encoder-session"))
-	f := filepath.Join(t.TempDir(), "events_test.yaml")
+	f := filepath.Join(t.TempDir(), "promql_test.yaml")
 	if err := os.WriteFile(f, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}

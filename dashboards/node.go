@@ -42,7 +42,7 @@ func Node() (dashboard.Dashboard, error) {
 			Min(0)).
 		WithPanel(bargauge.NewPanelBuilder().
 			Title("Memory peak by pod").
-			Description("Each pod's highest GPU memory use in the dashboard's time range.").
+			Description("Each pod's highest GPU memory use in the dashboard's time range: the sum of its containers' peaks (for a pod with one GPU container, its peak), which is what must fit beside the others.").
 			Datasource(datasource()).
 			Unit(units.BytesIEC).
 			Min(0).
@@ -51,14 +51,16 @@ func Node() (dashboard.Dashboard, error) {
 			DisplayMode(common.BarGaugeDisplayModeGradient).
 			Orientation(common.VizOrientationHorizontal).
 			WithTarget(target("A",
-				`sort_desc(max by (namespace, pod, gpu) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[$__range])))`,
+				`sort_desc(sum by (namespace, pod, gpu) (max by (namespace, pod, container, gpu) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[$__range]))))`,
 				"{{namespace}}/{{pod}} on GPU {{gpu}}").Instant())).
+		// Per container first, over exporter instances (a rollout is a new
+		// one), then summed over a pod's containers.
 		WithPanel(timeSeries("Memory by pod, 1h rolling peak",
-			"Each pod's highest memory use over the hour before each point.",
+			"Each pod's highest memory use over the hour before each point: the sum of its containers' peaks.",
 			units.BytesIEC, 10, 12).
 			Min(0).
 			WithTarget(target("A",
-				`max by (namespace, pod, gpu) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[1h]))`,
+				`sum by (namespace, pod, gpu) (max by (namespace, pod, container, gpu) (max_over_time(gpuslice_container_gpu_memory_used_bytes{`+podSel+`}[1h])))`,
 				"{{namespace}}/{{pod}} on GPU {{gpu}}"))).
 		// Only containers with a limit series: GPUs shared through MPS
 		// (docs/mps.md). On a time-sliced node the panel stays empty.
