@@ -97,6 +97,13 @@ func valueSets() []valueSet {
 			"--set", "plugin.enabled=true", "--set", "mps.enabled=true",
 			"--set-json", `plugin.config.default="version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"`,
 		}},
+		// A cluster with time-sliced and MPS nodes: the MPS daemon only on
+		// the nodes whose label picks the MPS config.
+		{name: "mps-mixed", release: "mixed", namespace: "gpu-mixed", args: []string{
+			"--set", "plugin.enabled=true", "--set", "mps.enabled=true",
+			"--set-json", `plugin.config.mps="version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"`,
+			"--set", "mps.nodeSelector.nvidia\\.com/device-plugin\\.config=mps",
+		}},
 		{name: "podmonitors", release: "pm", namespace: "gpu-pm", args: []string{
 			"--set", "plugin.enabled=true",
 			"--set", "monitoring.podMonitor.enabled=true",
@@ -185,6 +192,15 @@ func TestHelmLint(t *testing.T) {
 	}
 }
 
+// A tag that YAML or --set reads as a number is still the image's tag.
+func TestNumericImageTag(t *testing.T) {
+	h := helmBinary(t)
+	objs := render(t, h, valueSet{name: "numeric-tag", release: "gpuslice", namespace: "gpuslice", args: []string{"--set", "image.tag=1"}})
+	if got := container(t, find(t, objs, "DaemonSet", "gpuslice-exporter"))["image"]; got != "ghcr.io/gpuslice/gpuslice:1" {
+		t.Errorf("image %v, want ghcr.io/gpuslice/gpuslice:1", got)
+	}
+}
+
 func TestTemplateRejectsBadValues(t *testing.T) {
 	h := helmBinary(t)
 	tests := []struct {
@@ -209,6 +225,13 @@ func TestTemplateRejectsBadValues(t *testing.T) {
 			"set monitoring.podMonitor.endpoint.exporter.basicAuth"},
 		{"monitor endpoint repeats a key the chart sets", []string{"--set", "monitoring.serviceMonitor.endpoint.tuner.interval=5s"},
 			"monitoring.serviceMonitor.endpoint.tuner.interval: the chart sets interval itself"},
+		{"plugin mode, tuner and plugin on different default keys", []string{"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin", "--set", "tuner.devicePlugin.configKey=base"},
+			`tuner.devicePlugin.configKey "base" differs from plugin.defaultConfigKey "default"`},
+		{"monitors with a name the alerts do not find", []string{"--set", "fullnameOverride=gpu", "--set", "monitoring.serviceMonitor.enabled=true"},
+			`base name "gpu" (fullnameOverride, nameOverride) lacks "gpuslice"`},
+		{"MPS daemon without gpuslice-plugin", []string{"--set", "mps.enabled=true"}, "mps.enabled needs plugin.enabled=true"},
+		{"MPS daemon on every GPU node, beside a time-slicing config", []string{"--set", "mps.enabled=true", "--set", "plugin.enabled=true"},
+			"plugin.config default does not share through MPS"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

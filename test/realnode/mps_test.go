@@ -297,6 +297,10 @@ func startMPSDaemon(t *testing.T, root string) *corev1.Pod {
 	rendered := helm(t, "template", "rn-mps", filepath.Join(realnode.Repo(), "deploy", "helm", "gpuslice"), "-n", namespace,
 		"--show-only", "templates/mps-control-daemon.yaml",
 		"--set", "mps.enabled=true", "--set", "mps.root="+root,
+		// The chart renders the daemon only beside gpuslice-plugin with an
+		// MPS config (EXCLUSIVE_PROCESS leaves other processes no context).
+		"--set", "plugin.enabled=true",
+		"--set-json", `plugin.config.default="version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"`,
 		"--set", "mps.image.repository=realnode.local/busybox", "--set", "mps.image.tag=1.35", "--set", "mps.image.pullPolicy=Never",
 		"--set", "runtimeClassName="+nvidiaRuntimeClass)
 	var ds appsv1.DaemonSet

@@ -60,7 +60,8 @@ Image reference; a digest wins over the tag.
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- /* toString: a tag such as 1 or 1.0 comes as a number from --set or YAML */}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
 {{- end }}
 {{- end }}
 
@@ -176,7 +177,45 @@ Validation of value combinations that would render a broken install.
 {{- if and .Values.tuner.enabled (eq .Values.tuner.mode "plugin") (not .Values.plugin.enabled) }}
 {{- fail "tuner.mode=plugin needs plugin.enabled=true: nothing else reads the config the tuner writes in that mode" }}
 {{- end }}
+{{- /* gpuslice-plugin's --config.default is plugin.defaultConfigKey: the
+key unlabelled nodes read must be the one the tuner derives its configs
+from. */}}
+{{- if and .Values.tuner.enabled (eq .Values.tuner.mode "plugin") .Values.tuner.devicePlugin.configKey (ne .Values.tuner.devicePlugin.configKey .Values.plugin.defaultConfigKey) }}
+{{- fail (printf "tuner.devicePlugin.configKey %q differs from plugin.defaultConfigKey %q: in plugin mode gpuslice-plugin reads the latter on unlabelled nodes and the tuner derives its configs from the former; set one of them (or leave configKey empty)" .Values.tuner.devicePlugin.configKey .Values.plugin.defaultConfigKey) }}
+{{- end }}
+{{- /* The alerts and dashboards find the components by scrape jobs
+containing gpuslice-exporter (-tuner, -plugin); the chart's monitors name
+the job after the Service (or <namespace>/<monitor>), i.e. <fullname>-... */}}
+{{- if and (or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled) (not (contains "gpuslice" (include "gpuslice.fullname" .))) }}
+{{- fail (printf "the objects' base name %q (fullnameOverride, nameOverride) lacks \"gpuslice\": the monitors' scrape jobs would be %s-exporter and so on, and the alert rules and dashboards, which look for jobs containing gpuslice-exporter, would see nothing; keep \"gpuslice\" in the name" (include "gpuslice.fullname" .) (include "gpuslice.fullname" .)) }}
+{{- end }}
+{{- include "gpuslice.validateMPS" . }}
 {{- include "gpuslice.validateScrapers" . }}
+{{- end }}
+
+{{/*
+The MPS control daemon puts its nodes' GPUs in EXCLUSIVE_PROCESS mode
+(mps.exclusiveProcess), where only the MPS server holds a context: a
+process that is not an MPS client (a time-sliced pod) gets none. So it
+needs gpuslice-plugin, which makes the MPS clients, and it must run only on
+nodes whose config shares through MPS: every plugin.config one, or the
+nodes mps.nodeSelector names.
+*/}}
+{{- define "gpuslice.validateMPS" -}}
+{{- if and .Values.mps.enabled .Values.mps.exclusiveProcess }}
+{{- if not .Values.plugin.enabled }}
+{{- fail "mps.enabled needs plugin.enabled=true and a plugin.config that shares through MPS (sharing.mps): the daemon puts the GPUs in EXCLUSIVE_PROCESS mode, where only the MPS clients gpuslice-plugin makes get a context (docs/mps.md)" }}
+{{- end }}
+{{- $plain := list }}
+{{- range $key, $cfg := .Values.plugin.config }}
+{{- if not (dig "sharing" "mps" "" (fromYaml (toString $cfg))) }}
+{{- $plain = append $plain $key }}
+{{- end }}
+{{- end }}
+{{- if and $plain (not .Values.mps.nodeSelector) }}
+{{- fail (printf "mps.enabled: plugin.config %s does not share through MPS (sharing.mps), and without mps.nodeSelector the MPS daemon runs on every GPU node and puts its GPUs in EXCLUSIVE_PROCESS mode, where only MPS clients get a context: make every config an MPS one, or set mps.nodeSelector to the nodes whose config is one" (join ", " (sortAlpha $plain))) }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
