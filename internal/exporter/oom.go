@@ -121,8 +121,18 @@ func appendTerminations(terms []oom.Termination, c oom.Container, p *corev1.Pod)
 			if t := st.State.Terminated; t != nil {
 				terms = append(terms, termination(c, int(st.RestartCount), t))
 			}
-			if t := st.LastTerminationState.Terminated; t != nil && st.RestartCount > 0 {
-				terms = append(terms, termination(c, int(st.RestartCount)-1, t))
+			// While the container runs again, its last termination is the
+			// run before (RestartCount-1). In back-off (CrashLoopBackOff)
+			// the kubelet moves the run that just died into
+			// LastTerminationState and keeps RestartCount at that run's
+			// own number, its log R.log; both then carry its container ID.
+			if t := st.LastTerminationState.Terminated; t != nil {
+				switch {
+				case t.ContainerID != "" && t.ContainerID == st.ContainerID:
+					terms = append(terms, termination(c, int(st.RestartCount), t))
+				case st.RestartCount > 0:
+					terms = append(terms, termination(c, int(st.RestartCount)-1, t))
+				}
 			}
 		}
 	}

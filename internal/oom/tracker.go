@@ -282,9 +282,17 @@ func (t *Tracker) Scan(now time.Time, terms func(Container) []Termination) error
 		cn.lastSeen = now
 	}
 	for ck, cn := range t.counts {
-		if now.Sub(cn.lastSeen) > t.forgetAfter {
-			delete(t.counts, ck)
+		if now.Sub(cn.lastSeen) <= t.forgetAfter {
+			continue
 		}
+		// A container still live keeps every counter it has, not only the
+		// ones Watch keeps at 0: dropped, an encoder-session counter at 1
+		// would come back at 1 with the next such OOM, and increase()
+		// would see no event.
+		if w := t.watch[containerKey{ck.Namespace, ck.Pod, ck.Container}]; w != nil && now.Sub(w.lastSeen) <= t.forgetAfter {
+			continue
+		}
+		delete(t.counts, ck)
 	}
 	return err
 }

@@ -299,3 +299,36 @@ func TestTrackerZeroKind(t *testing.T) {
 	w.trackerScan(tr)
 	wantCounts(t, "own pattern", tr, map[string]float64{"trainer-0/GPU-a/log/unknown": 1, "trainer-0/GPU-a/termination/unknown": 0})
 }
+
+// TestTrackerLiveContainerKeepsEveryCounter: a counter of a kind Watch
+// does not keep at 0 (here encoder-session) stays while its container is
+// live, however long it stays still; dropped, it would come back at 1 with
+// the next such OOM, and increase() would see no event. Once the
+// container is no longer live, the period applies as to any counter.
+func TestTrackerLiveContainerKeepsEveryCounter(t *testing.T) {
+	const period = time.Hour
+	const nvenc = "[h264_nvenc @ 0x5601aa5b40c0] OpenEncodeSessionEx failed: out of memory (10)"
+	w := newWorld(t)
+	tr := NewTracker(w.detector(Config{ForgetAfter: period}))
+	p := w.logPath(trainer, 0)
+	w.write(p, noise(0, 1))
+	w.trackerScan(tr) // baseline
+	tr.Watch(trainer, gpuA, w.now)
+	w.trackerScan(tr)
+	w.now = w.now.Add(time.Minute)
+	w.write(p, cri(time.Minute, "stderr", "F", nvenc))
+	tr.Watch(trainer, gpuA, w.now)
+	w.trackerScan(tr)
+	want := counters("trainer-0", 0, 0)
+	want["trainer-0/GPU-a/log/encoder-session"] = 1
+	wantCounts(t, "NVENC OOM", tr, want)
+	for range 2 * period / time.Minute {
+		w.now = w.now.Add(time.Minute)
+		tr.Watch(trainer, gpuA, w.now)
+		w.trackerScan(tr)
+	}
+	wantCounts(t, "live for twice the period since", tr, want)
+	w.now = w.now.Add(period + time.Minute)
+	w.trackerScan(tr)
+	wantCounts(t, "no longer live for the period", tr, map[string]float64{})
+}
