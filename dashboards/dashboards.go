@@ -93,12 +93,15 @@ func xidEvents(sel, rng string) string {
 // samples of a series, and the exporter creates some counters at their
 // first event (an OOM of a kind it does not create at 0, an Xid outside
 // the alerted ones): a series with no sample at rng's start counts its
-// whole value, the others their increase. A rolled-out exporter is a new
+// last value in rng (it may have ended since: a pod gone, an exporter
+// rolled out), the others their increase. A rolled-out exporter is a new
 // instance whose counters start again from 0 or from a first event (it
 // does not count history again: internal/oom), so each series is matched
-// with its own past, instance included.
+// with its own past, instance included. Not seen: a counter created again
+// at the value it had, by an exporter restarted under the same instance
+// (in place, or with hostNetwork) — docs/runbook.md.
 func eventsOver(series, rng string) string {
-	return "((" + series + " unless " + series + " offset " + rng + ") or increase(" + series + "[" + rng + "]))"
+	return "((last_over_time(" + series + "[" + rng + "]) unless " + series + " offset " + rng + ") or increase(" + series + "[" + rng + "]))"
 }
 
 // runbookURL is where the alerts' runbook_url annotations point too.

@@ -54,6 +54,8 @@ func panelExpr(t *testing.T, file, title, rng, rateInterval string) string {
 //     no history; C's device counter starts again at 0, and E's
 //     encoder-session counter, which the old instance had at 1, is created
 //     again by a new OOM 30 minutes ago;
+//   - F: an unknown-kind counter created by its OOM 30 minutes ago, gone
+//     since (its pod ended 10 minutes ago);
 //   - an Xid 79 (the GPU's) and an Xid 13 (an application's), each
 //     created by its first event 10 minutes ago;
 //   - an alert firing from 100m.
@@ -72,6 +74,7 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 		oom("i2", "c", "device"):          "_x131 0x49",
 		oom("i1", "e", "encoder-session"): "1x130",
 		oom("i2", "e", "encoder-session"): "_x150 1x30",
+		oom("i1", "f", "unknown"):         "_x150 1x20 stale",
 		xid("79"):                         "_x170 1x10",
 		xid("13"):                         "_x170 1x10",
 		`ALERTS{alertname="GPUSliceOOM", alertstate="firing", severity="warning"}`: "_x100 1x80",
@@ -81,12 +84,13 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 		at               string
 		want             []sample
 	}{
-		{"gpu-sharing-cluster.json", "CUDA OOMs", "1h", "180m", []sample{{"{}", "3"}}},
+		{"gpu-sharing-cluster.json", "CUDA OOMs", "1h", "180m", []sample{{"{}", "4"}}},
 		{"gpu-sharing-cluster.json", "Critical Xids", "1h", "180m", []sample{{"{}", "1"}}},
 		{"gpu-sharing-cluster.json", "CUDA OOMs by pod", "1h", "180m", []sample{
 			{`{node="n1", namespace="ml", pod="a", container="main", kind="device"}`, "1"},
 			{`{node="n1", namespace="ml", pod="b", container="main", kind="encoder-session"}`, "1"},
 			{`{node="n1", namespace="ml", pod="e", container="main", kind="encoder-session"}`, "1"},
+			{`{node="n1", namespace="ml", pod="f", container="main", kind="unknown"}`, "1"},
 		}},
 		// Per interval: B's first OOM shows in the interval it came in.
 		{"gpu-sharing-cluster.json", "CUDA OOMs per node", "1h", "162m", []sample{{`{node="n1"}`, "1"}}},
@@ -95,6 +99,7 @@ func TestEventCountsSeeEveryEvent(t *testing.T) {
 			{`{namespace="ml", pod="b", kind="encoder-session"}`, "1"},
 			{`{namespace="ml", pod="c", kind="device"}`, "0"},
 			{`{namespace="ml", pod="e", kind="encoder-session"}`, "0"},
+			{`{namespace="ml", pod="f", kind="unknown"}`, "0"},
 		}},
 		// A 0 when nothing fires, and only then.
 		{"gpu-sharing-cluster.json", "Firing alerts", "1h", "50m", []sample{{"{}", "0"}}},

@@ -129,13 +129,13 @@ func scrape(ctx context.Context, u string, timeout time.Duration) (status.Scrape
 // kind. increase() copes with counter resets (it extrapolates, hence the
 // rounding to whole events) but needs two samples, and the exporter
 // creates the counters of some kinds at their first event: a series with
-// no sample an hour ago counts its whole value. A rolled-out exporter
-// counts no history again (internal/oom), so each series, instance
-// included, is its own.
+// no sample an hour ago counts its last value in the hour (it may have
+// ended since). A rolled-out exporter counts no history again
+// (internal/oom), so each series, instance included, is its own.
 func RecentOOMQuery(nodeLabel string) string {
 	m := "gpuslice_gpu_oom_events_total{" + nodeLabel + `!=""}`
 	return "round(sum by (" + nodeLabel + ", uuid, namespace, pod, container) (" +
-		"(" + m + " unless " + m + " offset 1h) or increase(" + m + "[1h])))"
+		"(last_over_time(" + m + "[1h]) unless " + m + " offset 1h) or increase(" + m + "[1h])))"
 }
 
 // recentOOMs asks Prometheus for RecentOOMQuery at now; statusCommand has

@@ -28,7 +28,8 @@ import (
 // watched shows 2, one that OOMed once and is gone from the exporter since
 // is still listed with its 1, one whose encoder-session counter the
 // exporter created at its first OOM (no 0 before it for increase() to see)
-// shows 1, and a container that never OOMed shows 0.
+// shows 1, as does one whose counter was created so and is gone since, and
+// a container that never OOMed shows 0.
 func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 	prometheus, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -64,6 +65,9 @@ func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 		}
 		if p < 2 {
 			fmt.Fprintf(&b, "gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",kind=\"device\",namespace=\"ml\",pod=\"gone\",source=\"log\",uuid=\"GPU-1\"} %d\n", p)
+		}
+		if p == 1 { // created by its OOM, then gone with its pod
+			b.WriteString("gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",kind=\"unknown\",namespace=\"ml\",pod=\"brief\",source=\"log\",uuid=\"GPU-1\"} 1\n")
 		}
 		if p == 2 {
 			b.WriteString("gpuslice_gpu_oom_events_total{container=\"main\",gpu=\"0\",kind=\"encoder-session\",namespace=\"ml\",pod=\"first\",source=\"log\",uuid=\"GPU-1\"} 1\n")
@@ -121,6 +125,7 @@ func TestStatusRecentOOMsFromPrometheus(t *testing.T) {
 		`(?m)^\s+0\s+ml/yolo\s+main\s+\S+\s+\S+\s+2\s+\S+$`,
 		`(?m)^\s+0\s+ml/quiet\s+main\s+\S+\s+\S+\s+0\s+\S+$`,
 		`(?m)^\s+0\s+ml/first\s+main\s+\S+\s+\S+\s+1\s+\S+$`,
+		`(?m)^\s+0\s+ml/brief\s+main\s+\S+\s+\S+\s+1\s+\S+$`,
 		`(?m)^\s+0\s+ml/gone\s+main\s+\S+\s+\S+\s+1\s+\S+$`,
 	} {
 		if !regexp.MustCompile(want).MatchString(text) {
