@@ -180,14 +180,20 @@ Validation of value combinations that would render a broken install.
 {{- /* gpuslice-plugin's --config.default is plugin.defaultConfigKey: the
 key unlabelled nodes read must be the one the tuner derives its configs
 from. */}}
-{{- if and .Values.tuner.enabled (eq .Values.tuner.mode "plugin") .Values.tuner.devicePlugin.configKey (ne .Values.tuner.devicePlugin.configKey .Values.plugin.defaultConfigKey) }}
-{{- fail (printf "tuner.devicePlugin.configKey %q differs from plugin.defaultConfigKey %q: in plugin mode gpuslice-plugin reads the latter on unlabelled nodes and the tuner derives its configs from the former; set one of them (or leave configKey empty)" .Values.tuner.devicePlugin.configKey .Values.plugin.defaultConfigKey) }}
+{{- if and .Values.tuner.enabled (eq .Values.tuner.mode "plugin") }}
+{{- $key := (include "gpuslice.tunerConfig" . | fromYaml).apply.key }}
+{{- if ne (toString $key) (toString .Values.plugin.defaultConfigKey) }}
+{{- fail (printf "the tuner's apply.key %q (tuner.devicePlugin.configKey or tuner.config.apply.key) differs from plugin.defaultConfigKey %q: in plugin mode gpuslice-plugin reads the latter on unlabelled nodes and the tuner derives its configs from the former; make them one" (toString $key) (toString .Values.plugin.defaultConfigKey)) }}
+{{- end }}
 {{- end }}
 {{- /* The alerts and dashboards find the components by scrape jobs
 containing gpuslice-exporter (-tuner, -plugin); the chart's monitors name
 the job after the Service (or <namespace>/<monitor>), i.e. <fullname>-... */}}
-{{- if and (or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled) (not (contains "gpuslice" (include "gpuslice.fullname" .))) }}
-{{- fail (printf "the objects' base name %q (fullnameOverride, nameOverride) lacks \"gpuslice\": the monitors' scrape jobs would be %s-exporter and so on, and the alert rules and dashboards, which look for jobs containing gpuslice-exporter, would see nothing; keep \"gpuslice\" in the name" (include "gpuslice.fullname" .) (include "gpuslice.fullname" .)) }}
+{{- if and (or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled) (not (hasSuffix "gpuslice" (include "gpuslice.fullname" .))) }}
+{{- fail (printf "the objects' base name %q (the release name, fullnameOverride, nameOverride) does not end in \"gpuslice\": the monitors' scrape jobs would be %s-exporter and so on, and the alert rules and dashboards, which look for jobs containing gpuslice-exporter, would see nothing; set fullnameOverride to a name ending in gpuslice (%s-gpuslice, say)" (include "gpuslice.fullname" .) (include "gpuslice.fullname" .) (include "gpuslice.fullname" .)) }}
+{{- end }}
+{{- if kindIs "float64" .Values.image.tag }}
+{{- fail (printf "image.tag %v is a number in YAML, whose digits are not kept as written (1.10 reads as 1.1): quote it" .Values.image.tag) }}
 {{- end }}
 {{- include "gpuslice.validateMPS" . }}
 {{- include "gpuslice.validateScrapers" . }}
@@ -208,7 +214,8 @@ nodes mps.nodeSelector names.
 {{- end }}
 {{- $plain := list }}
 {{- range $key, $cfg := .Values.plugin.config }}
-{{- if not (dig "sharing" "mps" "" (fromYaml (toString $cfg))) }}
+{{- $sharing := (fromYaml (toString $cfg)).sharing }}
+{{- if not (and (kindIs "map" $sharing) $sharing.mps) }}
 {{- $plain = append $plain $key }}
 {{- end }}
 {{- end }}
