@@ -285,11 +285,12 @@ func (t *Tracker) Scan(now time.Time, terms func(Container) []Termination) error
 		if now.Sub(cn.lastSeen) <= t.forgetAfter {
 			continue
 		}
-		// A container still live keeps every counter it has, not only the
-		// ones Watch keeps at 0: dropped, an encoder-session counter at 1
-		// would come back at 1 with the next such OOM, and increase()
-		// would see no event.
-		if w := t.watch[containerKey{ck.Namespace, ck.Pod, ck.Container}]; w != nil && now.Sub(w.lastSeen) <= t.forgetAfter {
+		// A container still live keeps every counter it has on its GPU,
+		// not only the ones Watch keeps at 0: dropped, an encoder-session
+		// counter at 1 would come back at 1 with the next such OOM, and
+		// increase() would see no event. Counters of a GPU it no longer
+		// uses (a pod recreated elsewhere under its name) go by the period.
+		if w := t.watch[containerKey{ck.Namespace, ck.Pod, ck.Container}]; w != nil && ck.UUID == w.uuid && now.Sub(w.lastSeen) <= t.forgetAfter {
 			continue
 		}
 		delete(t.counts, ck)
