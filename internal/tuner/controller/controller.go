@@ -188,10 +188,9 @@ type Controller struct {
 
 	// state is per node, touched only by the goroutine running rounds.
 	state map[string]*nodeState
-	// unsignalled holds the GPU nodes that had no signals last round, so
-	// that a lapse is reported when it starts and when it ends, not every
-	// round.
-	unsignalled map[string]bool
+	// unsignalled holds the GPU nodes that had no signals last round: since
+	// when, and whether that was reported (once per lapse, not every round).
+	unsignalled map[string]*lapse
 
 	// afterRound, when set (tests), is called after every round.
 	afterRound func(error)
@@ -474,7 +473,7 @@ func (c *Controller) round(ctx context.Context) error {
 			c.forgetDRA(name)
 		}
 	}
-	c.reportUnsignalled(r.unsignalled, seen)
+	c.reportUnsignalled(now, r.unsignalled, seen)
 	for name, st := range c.state {
 		if !seen[name] {
 			c.m.forget(name, st.resource)
@@ -500,19 +499,33 @@ func (c *Controller) round(ctx context.Context) error {
 	return errors.Join(err, c.mem.save(ctx, now, func(n string) bool { return exists[n] }))
 }
 
+// lapse is a GPU node's time without signals.
+type lapse struct {
+	since time.Time
+	told  bool
+}
+
 // reportUnsignalled says when a GPU node's signals lapse and when they
 // return. Without them the tuner leaves the node as it is (in restart mode
 // it also holds raises of the shared config, gate.go), and nothing else
 // would tell the operator why a node is never tuned: an exporter down
 // there, or Prometheus labelling its series with another name than the
-// Kubernetes node's.
-func (c *Controller) reportUnsignalled(names []string, seen map[string]bool) {
-	now := make(map[string]bool, len(names))
+// Kubernetes node's. A lapse is told once it has lasted two samples and a
+// round: a leadership's first rounds may come before the exporters
+// source's first scrape.
+func (c *Controller) reportUnsignalled(now time.Time, names []string, seen map[string]bool) {
+	grace := max(2*c.cfg.Policy.SampleInterval, c.cfg.Interval)
+	lapses := make(map[string]*lapse, len(names))
 	for _, name := range names {
-		now[name] = true
-		if c.unsignalled[name] {
+		l := c.unsignalled[name]
+		if l == nil {
+			l = &lapse{since: now}
+		}
+		lapses[name] = l
+		if l.told || now.Sub(l.since) < grace {
 			continue
 		}
+		l.told = true
 		why := "the exporter may not run there"
 		if c.cfg.Signals.Source == config.SourcePrometheus {
 			why = fmt.Sprintf("the exporter may not run there, or its series' %q label (signals.prometheus.nodeLabel) may not hold the Kubernetes node name", c.cfg.Signals.Prometheus.NodeLabel)
@@ -522,12 +535,12 @@ func (c *Controller) reportUnsignalled(names []string, seen map[string]bool) {
 		c.log.Warn("GPU node without signals, left as it is", "node", name, "source", c.cfg.Signals.Source, "window", c.cfg.Policy.Window, "msg", msg)
 		c.rec.Event(nodeRef(name), corev1.EventTypeWarning, ReasonNoSignals, msg)
 	}
-	for name := range c.unsignalled {
-		if seen[name] {
+	for name, l := range c.unsignalled {
+		if l.told && seen[name] {
 			c.log.Info("GPU node's signals returned", "node", name)
 		}
 	}
-	c.unsignalled = now
+	c.unsignalled = lapses
 }
 
 // hasGPUs says whether a node has NVIDIA GPUs under a device plugin: any

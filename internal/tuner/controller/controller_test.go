@@ -61,8 +61,8 @@ func pluginScenario(t *testing.T, env *testenv.Env, ns, node string) *harness {
 }
 
 // testNoSignals: a selected GPU node the source has no samples for is left
-// alone, and the operator is told once per lapse; a node without GPUs is
-// not a lapse.
+// alone, and the operator is told once per lapse that lasts; a node
+// without GPUs is not a lapse.
 func testNoSignals(t *testing.T, env *testenv.Env) {
 	const ns, node = "us-ns", "us-node"
 	h := pluginScenario(t, env, ns, node)
@@ -81,8 +81,16 @@ func testNoSignals(t *testing.T, env *testenv.Env) {
 			}
 		}
 	}
+	// Told once the lapse has lasted two samples and a round (20 s here):
+	// a leadership's first rounds may come before the first scrape.
 	h.round()
-	noSignals("first round", 1)
+	noSignals("first round", 0)
+	h.advance(10 * time.Second)
+	h.round()
+	noSignals("10 s in", 0)
+	h.advance(10 * time.Second)
+	h.round()
+	noSignals("20 s in", 1)
 	if l := h.getNode(node).Labels[ConfigLabel]; l != "" {
 		t.Errorf("a node without signals was moved to %q", l)
 	}
@@ -98,7 +106,10 @@ func testNoSignals(t *testing.T, env *testenv.Env) {
 	h.src.mu.Unlock()
 	h.advance(10 * time.Second)
 	h.round()
-	noSignals("a second lapse", 1)
+	noSignals("a second lapse begins", 0)
+	h.advance(20 * time.Second)
+	h.round()
+	noSignals("a second lapse, 20 s in", 1)
 }
 
 // testNewLeadership: what a replica knew of a node when it last led (a
