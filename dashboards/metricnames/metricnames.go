@@ -99,6 +99,12 @@ var Scrape = []string{
 	"scrape_series_added",
 }
 
+// Process lists the process metrics every gpuslice program serves
+// (internal/procmetrics, under client_golang's names) that a rule reads:
+// the alerts tell an exporter restarted under the same instance by its
+// start time.
+var Process = []string{"process_start_time_seconds"}
+
 // Prometheus lists series the Prometheus server writes itself, not per
 // target: the alerts' state, which the dashboards show.
 var Prometheus = []string{"ALERTS"}
@@ -108,5 +114,5 @@ var Prometheus = []string{"ALERTS"}
 func Known(name string) bool {
 	return slices.Contains(Exporter, name) || slices.Contains(ExporterMIG, name) || slices.Contains(ExporterMPS, name) ||
 		slices.Contains(Tuner, name) || slices.Contains(Plugin, name) || slices.Contains(PluginMPS, name) || slices.Contains(Scrape, name) ||
-		slices.Contains(Prometheus, name)
+		slices.Contains(Process, name) || slices.Contains(Prometheus, name)
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/gpuslice/gpuslice/dashboards/metricnames"
 )
 
 func gather(t *testing.T, c prometheus.Collector) map[string]*dto.MetricFamily {
@@ -63,6 +65,16 @@ func TestSameAsClientGolang(t *testing.T) {
 	}
 	if after := value(gather(t, New())["process_cpu_seconds_total"]); after <= before {
 		t.Errorf("process_cpu_seconds_total %v after 100 ms of work, was %v", after, before)
+	}
+}
+
+// The process metrics the alerts read are served.
+func TestServesTheProcessMetricsRulesRead(t *testing.T) {
+	got := gather(t, New())
+	for _, name := range metricnames.Process {
+		if got[name] == nil {
+			t.Errorf("%s is not served; the alerts read it", name)
+		}
 	}
 }
 
