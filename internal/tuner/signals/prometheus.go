@@ -80,6 +80,9 @@ func (p *Prometheus) Queries() map[string]string {
 		// counts no history), at 0 or at a new event's 1; merged with the
 		// old pod's series, a 1 after a 1 would read as no event.
 		"oom": by(", namespace, pod, container, source, kind, instance") + "(" + MetricOOMEvents + sel + ")",
+		// An exporter restarted under the same instance (in place, or with
+		// hostNetwork) shows by its start time.
+		"starts": "max by (" + n + ", instance) (" + metricProcessStart + sel + ")",
 	}
 }
 
@@ -170,6 +173,24 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 		sort.Slice(ss, func(i, j int) bool { return ss[i].Time.Before(ss[j].Time) })
 		sorted[k] = ss
 	}
+	// Each exporter's process start time by step: a counter after a restart
+	// begins again (the exporter counts no history), so its value then is
+	// all new even where it equals the one before.
+	type target struct{ node, instance string }
+	starts := map[target]map[model.Time]model.SampleValue{}
+	for _, s := range res["starts"] {
+		byT := map[model.Time]model.SampleValue{}
+		for _, pt := range s.Values {
+			byT[pt.Timestamp] = pt.Value
+		}
+		starts[target{string(s.Metric[nl]), string(s.Metric["instance"])}] = byT
+	}
+	restarted := func(m model.Metric, from, to model.Time) bool {
+		byT := starts[target{string(m[nl]), string(m["instance"])}]
+		a, okA := byT[from]
+		b, okB := byT[to]
+		return okA && okB && a != b
+	}
 	for _, s := range res["oom"] {
 		k := key(s.Metric)
 		ss := sorted[k]
@@ -187,8 +208,8 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 			switch {
 			case prev == nil && pt.Timestamp <= first:
 				// The node's first step: a baseline.
-			case prev == nil || v < float64(prev.Value):
-				d = v // a new series, or a reset
+			case prev == nil || v < float64(prev.Value) || restarted(s.Metric, prev.Timestamp, pt.Timestamp):
+				d = v // a new series, a reset, or a restarted exporter's
 			default:
 				d = v - float64(prev.Value)
 			}

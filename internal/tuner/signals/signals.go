@@ -19,7 +19,8 @@
 // exporter counts no history, so its counters begin again at 0 or at a new
 // event's 1: Exporters sees the restart in its process_start_time_seconds
 // and forgets the values from before, and Prometheus keeps each instance's
-// series apart (a rollout is a new instance). Samples that are not numbers
+// series apart (a rollout is a new instance) and reads each instance's
+// process start time too (a restart in place keeps the instance). Samples that are not numbers
 // (NaN, ±Inf) are dropped.
 package signals
 

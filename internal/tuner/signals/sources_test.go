@@ -353,29 +353,56 @@ scrape_configs:
 	}
 }
 
-// TestPrometheusExporterRollout: a rolled-out exporter is a new instance
-// whose counters begin again (it counts no history). A container whose
-// encoder-session counter the old pod had at 1 fails again after the
-// rollout, and the new pod creates that counter at 1: one event, read
-// through a real Prometheus scraping the two pods one after the other.
+// TestPrometheusExporterRollout: a restarted exporter counts no history:
+// its counters begin again. A container whose encoder-session counter the
+// old process had at 1 fails again after the restart, and the new process
+// creates that counter at 1: one event, read through a real Prometheus.
+// Two ways: a rollout to a new pod (a new instance), and a restart in place
+// (the same instance; its process start time changes).
 func TestPrometheusExporterRollout(t *testing.T) {
-	var phase atomic.Int32 // 0: the old pod answers; 1: the new one
-	serve := func(live int32) *httptest.Server {
+	for _, inPlace := range []bool{false, true} {
+		name := map[bool]string{false: "new instance", true: "same instance"}[inPlace]
+		t.Run(name, func(t *testing.T) { testExporterRestart(t, inPlace) })
+	}
+}
+
+func testExporterRestart(t *testing.T, inPlace bool) {
+	// 0: the old process answers; 1: nobody (a restart in place); 2: the
+	// new process.
+	var phase atomic.Int32
+	serve := func(live func(int32) bool, start int) *httptest.Server {
 		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			if phase.Load() != live {
+			p := phase.Load()
+			if !live(p) {
 				http.Error(w, "gone", http.StatusServiceUnavailable)
 				return
 			}
-			fmt.Fprint(w, "gpuslice_gpu_memory_total_bytes{gpu=\"0\",uuid=\"GPU-a\"} 2.5e+10\n"+
-				"gpuslice_gpu_oom_events_total{container=\"enc\",gpu=\"0\",kind=\"encoder-session\",namespace=\"media\",pod=\"ffmpeg\",source=\"log\",uuid=\"GPU-a\"} 1\n")
+			if inPlace && p == 2 {
+				start = 2000
+			}
+			fmt.Fprintf(w, "process_start_time_seconds %d\n"+
+				"gpuslice_gpu_memory_total_bytes{gpu=\"0\",uuid=\"GPU-a\"} 2.5e+10\n"+
+				"gpuslice_gpu_oom_events_total{container=\"enc\",gpu=\"0\",kind=\"encoder-session\",namespace=\"media\",pod=\"ffmpeg\",source=\"log\",uuid=\"GPU-a\"} 1\n", start)
 		}))
 	}
-	old, cur := serve(0), serve(1)
-	defer old.Close()
-	defer cur.Close()
+	var targets []string
+	if inPlace {
+		one := serve(func(p int32) bool { return p != 1 }, 1000)
+		defer one.Close()
+		targets = []string{one.URL}
+	} else {
+		old, cur := serve(func(p int32) bool { return p == 0 }, 1000), serve(func(p int32) bool { return p == 2 }, 2000)
+		defer old.Close()
+		defer cur.Close()
+		targets = []string{old.URL, cur.URL}
+	}
+	var quoted []string
+	for _, u := range targets {
+		quoted = append(quoted, strconv.Quote(strings.TrimPrefix(u, "http://")))
+	}
 	dir := t.TempDir()
-	cfg := fmt.Sprintf("global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: gpuslice-exporter\n    static_configs:\n      - {targets: [%q, %q], labels: {node: n1}}\n",
-		strings.TrimPrefix(old.URL, "http://"), strings.TrimPrefix(cur.URL, "http://"))
+	cfg := fmt.Sprintf("global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: gpuslice-exporter\n    static_configs:\n      - {targets: [%s], labels: {node: n1}}\n",
+		strings.Join(quoted, ", "))
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +421,7 @@ func TestPrometheusExporterRollout(t *testing.T) {
 		n, samples, _ := oomsIn(obs, "n1", "GPU-a", time.Time{})
 		return n, samples, nil
 	}
-	// The old pod, watched for a while: its 1 is the baseline.
+	// The old process, watched for a while: its 1 is the baseline.
 	poll(t, 30*time.Second, func() string {
 		n, samples, err := events()
 		switch {
@@ -403,18 +430,22 @@ func TestPrometheusExporterRollout(t *testing.T) {
 		case samples < 5:
 			return fmt.Sprintf("%d samples", samples)
 		case n != 0:
-			t.Fatalf("%d OOM events before the rollout, want 0", n)
+			t.Fatalf("%d OOM events before the restart, want 0", n)
 		}
 		return ""
 	})
-	phase.Store(1)
+	if inPlace {
+		phase.Store(1)
+		time.Sleep(3 * time.Second) // a few failed scrapes
+	}
+	phase.Store(2)
 	poll(t, 30*time.Second, func() string {
 		n, _, err := events()
 		switch {
 		case err != nil:
 			return err.Error()
 		case n != 1:
-			return fmt.Sprintf("%d OOM events after the rollout, want 1", n)
+			return fmt.Sprintf("%d OOM events after the restart, want 1", n)
 		}
 		return ""
 	})
