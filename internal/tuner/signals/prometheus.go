@@ -82,7 +82,9 @@ func (p *Prometheus) Queries() map[string]string {
 		"oom": by(", namespace, pod, container, source, kind, instance") + "(" + MetricOOMEvents + sel + ")",
 		// An exporter restarted under the same instance (in place, or with
 		// hostNetwork) shows by its start time.
-		"starts": "max by (" + n + ", instance) (" + metricProcessStart + sel + ")",
+		// Only the exporters' (the targets that serve GPU series): another
+		// program's start under the same instance is not the exporter's.
+		"starts": "max by (" + n + ", instance) (" + metricProcessStart + sel + " and on (job, instance) " + MetricMemoryTotal + sel + ")",
 	}
 }
 
@@ -208,8 +210,12 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 			switch {
 			case prev == nil && pt.Timestamp <= first:
 				// The node's first step: a baseline.
-			case prev == nil || v < float64(prev.Value) || restarted(s.Metric, prev.Timestamp, pt.Timestamp):
-				d = v // a new series, a reset, or a restarted exporter's
+			case prev == nil || v < float64(prev.Value) || (restarted(s.Metric, prev.Timestamp, pt.Timestamp) && pt.Timestamp.Sub(prev.Timestamp) > step):
+				// A new series, a reset, or a restarted exporter's counter
+				// after a gap: its old series ended when the old process
+				// did (a value carried across the restart with no gap is
+				// the old one, still in view after a Prometheus restart).
+				d = v
 			default:
 				d = v - float64(prev.Value)
 			}
