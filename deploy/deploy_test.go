@@ -234,6 +234,8 @@ func TestTemplateRejectsBadValues(t *testing.T) {
 		{"monitors with gpuslice inside the name", []string{"--set", "fullnameOverride=gpuslice-prod", "--set", "monitoring.podMonitor.enabled=true"},
 			`base name "gpuslice-prod"`},
 		{"a tag YAML reads as a number", []string{"--set-json", "image.tag=1.10"}, "image.tag 1.1 is a number in YAML"},
+		{"plugin mode, tuner.config.apply not a map", []string{"--set", "plugin.enabled=true", "--set", "tuner.mode=plugin", "--set", "tuner.config.apply=foo"},
+			"tuner.config.apply must be a map"},
 		{"an MPS config whose sharing is not a map", []string{"--set", "mps.enabled=true", "--set", "plugin.enabled=true",
 			"--set-json", `plugin.config.default="version: v1\nsharing: mps\n"`}, "plugin.config default does not share through MPS"},
 		{"MPS daemon without gpuslice-plugin", []string{"--set", "mps.enabled=true"}, "mps.enabled needs plugin.enabled=true"},

@@ -510,9 +510,9 @@ type lapse struct {
 // it also holds raises of the shared config, gate.go), and nothing else
 // would tell the operator why a node is never tuned: an exporter down
 // there, or Prometheus labelling its series with another name than the
-// Kubernetes node's. A lapse is told once it has lasted two samples and a
-// round: a leadership's first rounds may come before the exporters
-// source's first scrape.
+// Kubernetes node's. A lapse is told once it has lasted two sample
+// intervals or one round, whichever is longer: a leadership's first rounds
+// may come before the exporters source's first scrape.
 func (c *Controller) reportUnsignalled(now time.Time, names []string, seen map[string]bool) {
 	grace := max(2*c.cfg.Policy.SampleInterval, c.cfg.Interval)
 	lapses := make(map[string]*lapse, len(names))

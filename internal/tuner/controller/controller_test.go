@@ -81,7 +81,8 @@ func testNoSignals(t *testing.T, env *testenv.Env) {
 			}
 		}
 	}
-	// Told once the lapse has lasted two samples and a round (20 s here):
+	// Told once the lapse has lasted two sample intervals or a round,
+	// whichever is longer (20 s here):
 	// a leadership's first rounds may come before the first scrape.
 	h.round()
 	noSignals("first round", 0)

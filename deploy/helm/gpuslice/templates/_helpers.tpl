@@ -181,7 +181,11 @@ Validation of value combinations that would render a broken install.
 key unlabelled nodes read must be the one the tuner derives its configs
 from. */}}
 {{- if and .Values.tuner.enabled (eq .Values.tuner.mode "plugin") }}
-{{- $key := (include "gpuslice.tunerConfig" . | fromYaml).apply.key }}
+{{- $apply := get (include "gpuslice.tunerConfig" . | fromYaml) "apply" }}
+{{- if not (kindIs "map" $apply) }}
+{{- fail (printf "tuner.config.apply must be a map (apply.mode, apply.key, ...), not %v" $apply) }}
+{{- end }}
+{{- $key := get $apply "key" }}
 {{- if ne (toString $key) (toString .Values.plugin.defaultConfigKey) }}
 {{- fail (printf "the tuner's apply.key %q (tuner.devicePlugin.configKey or tuner.config.apply.key) differs from plugin.defaultConfigKey %q: in plugin mode gpuslice-plugin reads the latter on unlabelled nodes and the tuner derives its configs from the former; make them one" (toString $key) (toString .Values.plugin.defaultConfigKey)) }}
 {{- end }}
@@ -190,7 +194,7 @@ from. */}}
 containing gpuslice-exporter (-tuner, -plugin); the chart's monitors name
 the job after the Service (or <namespace>/<monitor>), i.e. <fullname>-... */}}
 {{- if and (or .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled) (not (hasSuffix "gpuslice" (include "gpuslice.fullname" .))) }}
-{{- fail (printf "the objects' base name %q (the release name, fullnameOverride, nameOverride) does not end in \"gpuslice\": the monitors' scrape jobs would be %s-exporter and so on, and the alert rules and dashboards, which look for jobs containing gpuslice-exporter, would see nothing; set fullnameOverride to a name ending in gpuslice (%s-gpuslice, say)" (include "gpuslice.fullname" .) (include "gpuslice.fullname" .) (include "gpuslice.fullname" .)) }}
+{{- fail (printf "the objects' base name %q (the release name, fullnameOverride, nameOverride) does not end in \"gpuslice\": the monitors' scrape jobs would be %s-exporter and so on, and the alert rules and dashboards, which look for jobs containing gpuslice-exporter, would see nothing; set fullnameOverride to a name of at most 54 characters ending in gpuslice" (include "gpuslice.fullname" .) (include "gpuslice.fullname" .)) }}
 {{- end }}
 {{- if kindIs "float64" .Values.image.tag }}
 {{- fail (printf "image.tag %v is a number in YAML, whose digits are not kept as written (1.10 reads as 1.1): quote it" .Values.image.tag) }}
