@@ -147,11 +147,21 @@ func (e *Exporters) Targets() ([]Target, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Target
+	// One exporter per node: during a DaemonSet's surge (or with two
+	// matching DaemonSets) two run there, and both count every OOM of the
+	// node's pods. A ready one before one that is not, then the oldest,
+	// kept until it goes; the next one's first reading is its baseline.
+	pick := map[string]*corev1.Pod{}
 	for _, p := range pods {
 		if p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" || p.Spec.NodeName == "" || p.DeletionTimestamp != nil {
 			continue
 		}
+		if o := pick[p.Spec.NodeName]; o == nil || preferred(p, o) {
+			pick[p.Spec.NodeName] = p
+		}
+	}
+	var out []Target
+	for _, p := range pick {
 		port := c.Port
 		for _, ctr := range p.Spec.Containers {
 			for _, cp := range ctr.Ports {
@@ -165,6 +175,27 @@ func (e *Exporters) Targets() ([]Target, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
+}
+
+// preferred says whether exporter pod a is to be scraped rather than b on
+// their node: ready first, then the older, then by name.
+func preferred(a, b *corev1.Pod) bool {
+	if ra, rb := podReady(a), podReady(b); ra != rb {
+		return ra
+	}
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Name < b.Name
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // ScrapeOnce scrapes every target once, concurrently, and adds what it read

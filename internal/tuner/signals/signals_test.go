@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpuslice/gpuslice/internal/oom"
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
@@ -300,6 +302,35 @@ func TestExporterOOMSeries(t *testing.T) {
 		got := tr.events(r, t0.Add(time.Duration(i+1)*15*time.Second))[uuid]
 		if d := cmp.Diff(want[i], got); d != "" {
 			t.Errorf("step %d: events (-want +got):\n%s", i+1, d)
+		}
+	}
+}
+
+// One exporter pod per node is scraped: a ready one before one that is
+// not, then the oldest, then by name.
+func TestPreferredExporterPod(t *testing.T) {
+	t0 := metav1.NewTime(time.Unix(1000, 0))
+	t1 := metav1.NewTime(time.Unix(2000, 0))
+	pod := func(name string, created metav1.Time, ready bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: created}}
+		if ready {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		a, b *corev1.Pod
+		want bool
+	}{
+		{"older", pod("x", t0, true), pod("y", t1, true), true},
+		{"newer", pod("x", t1, true), pod("y", t0, true), false},
+		{"ready before older", pod("x", t1, true), pod("y", t0, false), true},
+		{"not ready after newer", pod("x", t0, false), pod("y", t1, true), false},
+		{"same age: by name", pod("a", t0, true), pod("b", t0, true), true},
+	} {
+		if got := preferred(tc.a, tc.b); got != tc.want {
+			t.Errorf("%s: preferred %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -175,7 +175,11 @@ func TestSourcesOnSimulatedNodes(t *testing.T) {
 		name, node string
 		port       int
 		phase      corev1.PodPhase
-	}{{"exporter-a", "gpu-a", sa.port, corev1.PodRunning}, {"exporter-b", "gpu-b", sb.port, corev1.PodRunning}, {"exporter-c", "gpu-c", 1, corev1.PodPending}} {
+	}{{"exporter-a", "gpu-a", sa.port, corev1.PodRunning}, {"exporter-b", "gpu-b", sb.port, corev1.PodRunning}, {"exporter-c", "gpu-c", 1, corev1.PodPending},
+		// A surge: a second exporter on gpu-a (here pointing at gpu-b's,
+		// so that scraping it would show). One per node is scraped, the
+		// oldest, or both would count each OOM.
+		{"exporter-a2", "gpu-a", sb.port, corev1.PodRunning}} {
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: cfg.Namespace, Labels: map[string]string{"app.kubernetes.io/name": "gpuslice-exporter"}},
 			Spec: corev1.PodSpec{NodeName: p.node, Containers: []corev1.Container{{Name: "exporter", Image: "gpuslice-exporter",
@@ -244,6 +248,9 @@ scrape_configs:
 			}
 			if len(got) != 2 || got["gpu-a"] != want["gpu-a"] || got["gpu-b"] != want["gpu-b"] {
 				return fmt.Sprintf("targets %v, want %v (the pending pod left out)", got, want)
+			}
+			if len(targets) != 2 {
+				return fmt.Sprintf("%d targets %v, want one per node", len(targets), targets)
 			}
 			return ""
 		})
