@@ -168,12 +168,29 @@ func TestEveryOOMCounted(t *testing.T) {
 	scrapers[1].restarted(addr)
 	t.Logf("15 s exporter restarted after run %d", runsEnded(getPod(t, loop.Name)))
 
+	// In back-off the kubelet reports the run that just died as lastState,
+	// with the status's own container ID and restartCount at that run's
+	// number (the exporter files its termination under that run:
+	// appendTerminations). Seen here on the real kubelet.
+	backoffs := 0
 	testproc.Eventually(t, 6*time.Minute, time.Second, func() string {
-		if r := runsEnded(getPod(t, loop.Name)); r < wantRuns {
-			return fmt.Sprintf("oom-loop has ended %d runs (%s)", r, podWhy(getPod(t, loop.Name)))
+		p := getPod(t, loop.Name)
+		if cs := p.Status.ContainerStatuses; len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == "CrashLoopBackOff" {
+			last := cs[0].LastTerminationState.Terminated
+			if last == nil || last.ContainerID == "" || last.ContainerID != cs[0].ContainerID {
+				t.Errorf("in back-off: lastState %+v, container ID %q; want the run that died, under the status's container ID", last, cs[0].ContainerID)
+			}
+			backoffs++
+		}
+		if r := runsEnded(p); r < wantRuns {
+			return fmt.Sprintf("oom-loop has ended %d runs (%s)", r, podWhy(p))
 		}
 		return ""
 	})
+	if backoffs == 0 {
+		t.Error("oom-loop was never seen in CrashLoopBackOff; the back-off status was not checked")
+	}
+	t.Logf("oom-loop seen in back-off at %d polls", backoffs)
 	// One more scrape of each after every run has ended; a run that began
 	// meanwhile is waited for too.
 	var runs int
