@@ -172,9 +172,9 @@ func TestEveryOOMCounted(t *testing.T) {
 	// lastState is the run that just died, with the status's own container
 	// ID and restartCount at that run's number (kubelet_pods.go; the
 	// exporter files that termination under that run: appendTerminations).
-	// Checked whenever a poll finds it so. At one poll a second this
-	// kubelet (v1.37.1) was not once seen so in 2026-11-29's run: the
-	// status went from the dead run's Terminated state to the next run.
+	// Checked whenever a poll finds it so. At one poll a second over the
+	// loop's last three runs, this kubelet (v1.37.1) was not once seen so
+	// in 2026-11-29's run.
 	backoffs := 0
 	testproc.Eventually(t, 6*time.Minute, time.Second, func() string {
 		p := getPod(t, loop.Name)
