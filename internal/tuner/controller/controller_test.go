@@ -84,33 +84,26 @@ func testNoSignals(t *testing.T, env *testenv.Env) {
 	// Told once the lapse has lasted two sample intervals or a round,
 	// whichever is longer (20 s here):
 	// a leadership's first rounds may come before the first scrape.
-	h.round()
-	noSignals("first round", 0)
-	h.advance(10 * time.Second)
-	h.round()
-	noSignals("10 s in", 0)
-	h.advance(10 * time.Second)
-	h.round()
-	noSignals("20 s in", 1)
+	after := func(d time.Duration, when string, want int) {
+		t.Helper()
+		h.advance(d)
+		h.round()
+		noSignals(when, want)
+	}
+	after(0, "first round", 0)
+	after(10*time.Second, "10 s in", 0)
+	after(10*time.Second, "20 s in", 1)
 	if l := h.getNode(node).Labels[ConfigLabel]; l != "" {
 		t.Errorf("a node without signals was moved to %q", l)
 	}
-	h.advance(10 * time.Second)
-	h.round()
-	noSignals("the lapse goes on", 0)
+	after(10*time.Second, "the lapse goes on", 0)
 	h.src.set(node, headroom(1))
-	h.advance(10 * time.Second)
-	h.round()
-	noSignals("signals back", 0)
+	after(10*time.Second, "signals back", 0)
 	h.src.mu.Lock()
 	delete(h.src.nodes, node)
 	h.src.mu.Unlock()
-	h.advance(10 * time.Second)
-	h.round()
-	noSignals("a second lapse begins", 0)
-	h.advance(20 * time.Second)
-	h.round()
-	noSignals("a second lapse, 20 s in", 1)
+	after(10*time.Second, "a second lapse begins", 0)
+	after(20*time.Second, "a second lapse, 20 s in", 1)
 }
 
 // testNewLeadership: what a replica knew of a node when it last led (a

@@ -79,15 +79,13 @@ func parseExposition(r io.Reader) (Reading, float64, error) {
 		return nil, 0, fmt.Errorf("%w: %w", ErrExposition, err)
 	}
 	out := Reading{}
-	// A value that is not a number (NaN, ±Inf) says nothing the policy
-	// could use; as memory it would read as a full card or an empty one.
 	each := func(name string, f func(l map[string]string, v float64)) {
 		fam := fams[name]
 		if fam == nil {
 			return
 		}
 		for _, m := range fam.GetMetric() {
-			if v := value(m); !math.IsNaN(v) && !math.IsInf(v, 0) {
+			if v := value(m); finite(v) {
 				f(labelMap(m), v)
 			}
 		}
@@ -187,6 +185,14 @@ func value(m *dto.Metric) float64 {
 		return m.GetUntyped().GetValue()
 	}
 	return math.NaN()
+}
+
+// finite says whether a sample is a number the policy can use: an exporter
+// gone wrong can expose NaN or ±Inf, which as memory would read as a full
+// card or an empty one, and as a count as a huge negative one. Both
+// sources drop such samples.
+func finite(v float64) bool {
+	return !math.IsNaN(v) && !math.IsInf(v, 0)
 }
 
 func toBytes(v float64) uint64 {

@@ -90,13 +90,6 @@ func (p *Prometheus) Queries() map[string]string {
 
 type gpuKey struct{ node, uuid string }
 
-// finite says whether a sample is a number the policy can use: an exporter
-// gone wrong can expose NaN or ±Inf, which as memory would read as a full
-// card or an empty one, and as a count as a huge negative one.
-func finite(v model.SampleValue) bool {
-	return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0)
-}
-
 // Observe implements Source. The queries start one step before the window:
 // that step is the OOM counters' baseline.
 func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Duration) (map[string][]policy.GPUObservation, error) {
@@ -133,7 +126,7 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 			samples[k] = byT
 		}
 		for _, pt := range s.Values {
-			if !finite(pt.Value) {
+			if !finite(float64(pt.Value)) {
 				continue
 			}
 			byT[pt.Timestamp] = &policy.Sample{Time: pt.Timestamp.Time(), GPU: string(s.Metric["gpu"]), MemoryTotalBytes: toBytes(float64(pt.Value)), ContainerPeaks: map[string]uint64{}}
@@ -146,7 +139,7 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 		for _, s := range res[name] {
 			byT := samples[key(s.Metric)]
 			for _, pt := range s.Values {
-				if smp := byT[pt.Timestamp]; smp != nil && finite(pt.Value) {
+				if smp := byT[pt.Timestamp]; smp != nil && finite(float64(pt.Value)) {
 					f(smp, s.Metric, float64(pt.Value))
 				}
 			}
@@ -202,7 +195,7 @@ func (p *Prometheus) Observe(ctx context.Context, now time.Time, window time.Dur
 		}
 		var prev *model.SamplePair
 		for _, pt := range s.Values {
-			if !finite(pt.Value) {
+			if !finite(float64(pt.Value)) {
 				continue
 			}
 			v := float64(pt.Value)
