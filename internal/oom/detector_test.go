@@ -353,6 +353,43 @@ func TestRotation(t *testing.T) {
 		wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, 20*time.Second, runtimeOOM))
 	})
 
+	// The kubelet renames a rotated log back to N.log when the runtime
+	// fails to reopen it (rotateLatestLog in its container_log_manager.go):
+	// the same file comes back, and is read on from where it was read to,
+	// not again from the start. A Scan may find the rotated file, or, in
+	// the same race seen the other way, N.log gone and the rotated file
+	// back at N.log before it is looked for (here, a name no rotation
+	// gives): then what the file got meanwhile is read once it is back.
+	for _, tc := range []struct {
+		name, away      string
+		whileAway, back []Event
+	}{
+		{"renamed back after a failed reopen", "0.log.20261123-090000",
+			[]Event{logEv(trainer, 0, 4*time.Minute, torchOOM)}, nil},
+		{"back at N.log before the rotated file was found", "away",
+			nil, []Event{logEv(trainer, 0, 4*time.Minute, torchOOM)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, p, d := started(t, Config{})
+			w.write(p, cri(time.Second, "stderr", "F", torchOOM))
+			wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, time.Second, torchOOM))
+			w.write(p, cri(2*time.Minute, "stderr", "F", runtimeOOM))
+			wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, 2*time.Minute, runtimeOOM))
+			w.write(p, cri(4*time.Minute, "stderr", "F", torchOOM))
+			away := filepath.Join(filepath.Dir(p), tc.away)
+			if err := os.Rename(p, away); err != nil {
+				t.Fatal(err)
+			}
+			wantEvents(t, w.scan(d, []Container{trainer}), tc.whileAway...)
+			if err := os.Rename(away, p); err != nil {
+				t.Fatal(err)
+			}
+			wantEvents(t, w.scan(d, []Container{trainer}), tc.back...)
+			w.write(p, cri(5*time.Minute, "stderr", "F", runtimeOOM))
+			wantEvents(t, w.scan(d, []Container{trainer}), logEv(trainer, 0, 5*time.Minute, runtimeOOM))
+		})
+	}
+
 	t.Run("rotated since the first Scan, before the container was named", func(t *testing.T) {
 		w := newWorld(t)
 		p := w.logPath(trainer, 0)
@@ -686,6 +723,20 @@ func TestStateIsBounded(t *testing.T) {
 	}
 	if n := len(d.containers[trainer].instances); n > keptInstances+1 {
 		t.Errorf("kept %d instances, want at most %d", n, keptInstances+1)
+	}
+
+	// Files that left N.log, remembered in case they come back: a few.
+	for n := range 10 {
+		p := w.logPath(trainer, n)
+		w.write(p, noise(time.Second, 1))
+		w.scan(d, []Container{trainer})
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		w.scan(d, []Container{trainer})
+	}
+	if n := len(d.containers[trainer].left); n == 0 || n > keptInstances {
+		t.Errorf("remembered %d files that left N.log, want 1 to %d", n, keptInstances)
 	}
 }
 

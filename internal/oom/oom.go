@@ -386,12 +386,24 @@ type containerState struct {
 	instances   map[int]*instanceState
 	maxInstance int
 	lastErr     string // the last problem logged, so a lasting one is logged once
+	// left are the files that were N.log when a Scan found N.log gone,
+	// with where they were read to, the newest keptInstances: the kubelet
+	// renames a rotated log back to N.log when the runtime fails to reopen
+	// it, and the file that comes back is read on from there, not again
+	// from the start (counting its old OOMs twice).
+	left []leftFile
 	// wd is the inotify watch of its log directory (0: none, read at every
 	// Scan); dirty, that it changed, or may hold more to read, since its
 	// last reading.
 	wd    int32
 	dirty bool
 	reads int // Scans that read its directory (tests)
+}
+
+// leftFile is a file of instance n that left N.log (containerState.left).
+type leftFile struct {
+	n  int
+	tf *tailFile
 }
 
 type instanceState struct {

@@ -20,7 +20,9 @@ import (
 // N is the container's restart count. When the kubelet rotates a log it
 // renames N.log to N.log.<YYYYMMDD-hhmmss>, has the runtime reopen N.log
 // (a new file, a new inode), and later gzips older rotated files (.gz, never
-// read here). Runtimes write the CRI format (see criLine).
+// read here); when the runtime fails to reopen, it renames the rotated file
+// back to N.log, which is then read on from where it was read to
+// (containerState.left). Runtimes write the CRI format (see criLine).
 
 type ident struct{ dev, ino uint64 }
 
@@ -259,6 +261,9 @@ func (d *Detector) readStream(sc *scan, st *stream) bool {
 	missing := errors.Is(err, fs.ErrNotExist)
 	switch {
 	case missing:
+		if st.cur != nil {
+			sc.cs.leave(st.instance, st.cur)
+		}
 		st.rotated()
 	case err != nil:
 		d.logStream(sc, st, "reading log file", "path", st.path, "err", err)
@@ -267,10 +272,10 @@ func (d *Detector) readStream(sc *scan, st *stream) bool {
 		d.logStream(sc, st, "reading log file", "path", st.path, "err", errNotRegular)
 		return true
 	case st.cur == nil:
-		st.cur = &tailFile{path: st.path, id: identOf(fi)}
+		st.cur = sc.cs.resume(st, identOf(fi))
 	case st.cur.id != identOf(fi):
 		st.rotated()
-		st.cur = &tailFile{path: st.path, id: identOf(fi)}
+		st.cur = sc.cs.resume(st, identOf(fi))
 	case fi.Size() == st.cur.off && len(st.old) == 0:
 		return true // nothing new: the common case, one stat per file
 	}
@@ -324,6 +329,40 @@ func (st *stream) rotated() {
 		st.old = append(st.old, st.cur)
 		st.cur = nil
 	}
+}
+
+// leave remembers tf, instance n's file, as it leaves N.log
+// (containerState.left).
+func (cs *containerState) leave(n int, tf *tailFile) {
+	cs.left = append(cs.left, leftFile{n, tf})
+	if len(cs.left) > keptInstances {
+		cs.left = slices.Delete(cs.left, 0, len(cs.left)-keptInstances)
+	}
+}
+
+// resume returns the file to read at st's N.log, whose identity is id: a
+// file of st that left N.log and came back (still to be finished among
+// st.old, or remembered in cs.left), read on from where it was read to;
+// any other file from its start.
+func (cs *containerState) resume(st *stream, id ident) *tailFile {
+	var back *tailFile
+	if id != (ident{}) {
+		if i := slices.IndexFunc(st.old, func(tf *tailFile) bool { return tf.id == id }); i >= 0 {
+			back = st.old[i]
+			st.old = slices.Delete(st.old, i, i+1)
+		}
+		if i := slices.IndexFunc(cs.left, func(l leftFile) bool { return l.n == st.instance && l.tf.id == id }); i >= 0 {
+			if back == nil {
+				back = cs.left[i].tf
+			}
+			cs.left = slices.Delete(cs.left, i, i+1)
+		}
+	}
+	if back == nil {
+		return &tailFile{path: st.path, id: id}
+	}
+	back.path = st.path
+	return back
 }
 
 // locate finds a rotated file by its identity among N.log.<suffix>, listing
