@@ -194,6 +194,26 @@ func TestPartialLines(t *testing.T) {
 			at:     time.Second,
 		},
 		{
+			// containerd tags a process's last output P when it ends
+			// without a newline, and no F line follows.
+			name:   "a last line without its end",
+			writes: []string{cri(time.Second, "stderr", "P", head+tail), ""},
+			want:   []int{0, 1},
+			at:     time.Second,
+		},
+		{
+			name:   "its end comes after a Scan matched its start",
+			writes: []string{cri(time.Second, "stderr", "P", head+tail), "", cri(time.Second, "stderr", "F", " (PID 42)")},
+			want:   []int{0, 1, 0},
+			at:     time.Second,
+		},
+		{
+			name:   "a start that does not match waits for its end",
+			writes: []string{cri(time.Second, "stderr", "P", head), "", "", cri(time.Second, "stderr", "F", tail)},
+			want:   []int{0, 0, 0, 1},
+			at:     time.Second,
+		},
+		{
 			name: "each part matches: still one event",
 			writes: []string{cri(time.Second, "stderr", "P", runtimeOOM+" ") +
 				cri(time.Second, "stderr", "F", torchOOM)},

@@ -71,6 +71,9 @@ type partial struct {
 	active bool
 	ts     time.Time
 	buf    []byte
+	// flushed: matched as it stands since it last grew (flushPartials);
+	// counted: a flush counted it, so its end does not count it again.
+	flushed, counted bool
 }
 
 // scan is the state of one container during one Scan.
@@ -277,6 +280,7 @@ func (d *Detector) readStream(sc *scan, st *stream) bool {
 		st.rotated()
 		st.cur = sc.cs.resume(st, identOf(fi))
 	case fi.Size() == st.cur.off && len(st.old) == 0:
+		d.flushPartials(sc, st)
 		return true // nothing new: the common case, one stat per file
 	}
 	relocated := false
@@ -318,7 +322,30 @@ func (d *Detector) readStream(sc *scan, st *stream) bool {
 	if len(st.old) > 0 {
 		sc.cs.dirty = true // rotated files not finished
 	}
+	if missing && len(st.old) == 0 {
+		d.flushPartials(sc, st) // the stream is dropped
+	}
 	return !missing
+}
+
+// flushPartials matches the CRI partial lines of st that wait for their
+// end, each once as it stands, when nothing new came for them: the runtime
+// tags a process's last output P when it ends without a newline
+// (containerd's redirectLogs), and no F line follows it, ever. A P line the
+// runtime cut at its line length is followed by its F line at once, in
+// the same read. Matched early on its start, a line whose end comes after
+// all is counted once: its end is not matched again.
+func (d *Detector) flushPartials(sc *scan, st *stream) {
+	for i := range st.parts {
+		p := &st.parts[i]
+		if !p.active || p.flushed {
+			continue
+		}
+		p.flushed = true
+		n := len(sc.events)
+		d.text(sc, st, p.ts, p.buf)
+		p.counted = p.counted || len(sc.events) > n
+	}
 }
 
 // rotated moves the current file to the files to finish, to be found by
@@ -517,8 +544,9 @@ func (d *Detector) line(sc *scan, st *stream, raw []byte) {
 	switch {
 	case l.partial:
 		if !p.active {
-			p.active, p.ts, p.buf = true, l.ts, p.buf[:0]
+			p.active, p.ts, p.buf, p.counted = true, l.ts, p.buf[:0], false
 		}
+		p.flushed = false
 		p.buf = append(p.buf, l.text...)
 		if len(p.buf) > maxLineBytes {
 			d.text(sc, st, p.ts, p.buf)
@@ -526,8 +554,10 @@ func (d *Detector) line(sc *scan, st *stream, raw []byte) {
 		}
 	case p.active:
 		p.buf = append(p.buf, l.text...)
-		d.text(sc, st, p.ts, p.buf)
-		p.active = false
+		if !p.counted {
+			d.text(sc, st, p.ts, p.buf)
+		}
+		p.active, p.flushed, p.counted = false, false, false
 		if cap(p.buf) > 4<<10 {
 			p.buf = nil
 		}
