@@ -153,6 +153,10 @@ func TestEveryOOMCounted(t *testing.T) {
 		args: []string{"-memory", "0s=1Gi,500ms=100Gi", "-framework", "cuda"}}))
 	first := createPod(t, fakeCUDAPod("oom-firstline", podOpts{restart: corev1.RestartPolicyNever,
 		args: []string{"-memory", "0s=100Gi", "-framework", "llamacpp", "-quiet"}}))
+	// Its only line has no newline: containerd writes it tagged P (the
+	// runtime's last output, not ended), and no F line follows.
+	unended := createPod(t, fakeCUDAPod("oom-unended", podOpts{restart: corev1.RestartPolicyNever,
+		args: []string{"-memory", "0s=100Gi", "-framework", "cupy", "-quiet", "-no-final-newline"}}))
 	_ = n
 
 	// Restart the 15 s exporter once the loop has run twice.
@@ -207,12 +211,17 @@ func TestEveryOOMCounted(t *testing.T) {
 			break
 		}
 	}
-	for _, p := range []*corev1.Pod{never, first} {
+	for _, p := range []*corev1.Pod{never, first, unended} {
 		if got := getPod(t, p.Name); got.Status.Phase != corev1.PodFailed {
 			t.Errorf("%s: phase %s, want Failed after its OOM (%s)", p.Name, got.Status.Phase, podWhy(got))
 		}
 	}
-	want := map[string]int{loop.Name: runs, never.Name: 1, first.Name: 1}
+	log := strings.TrimSpace(containerLog(t, getPod(t, unended.Name), "cuda"))
+	t.Logf("%s: its log file holds %q", unended.Name, log)
+	if f := strings.Fields(log); len(f) < 4 || f[1] != "stderr" || f[2] != "P" || !strings.Contains(log, "OutOfMemoryError") || strings.Count(log, "\n") != 0 {
+		t.Errorf("%s: log %q, want the one OOM line on stderr tagged P", unended.Name, log)
+	}
+	want := map[string]int{loop.Name: runs, never.Name: 1, first.Name: 1, unended.Name: 1}
 	for i, s := range scrapers {
 		for pod, w := range want {
 			got := s.count(pod)

@@ -9,12 +9,14 @@
 //
 //	fakecuda -memory 0s=2Gi,30s=6Gi [-leak 256Mi/1s] [-sm 0.4] [-run 10m]
 //	         [-framework pytorch|tensorflow|jax|jax-0.4|llamacpp|cupy|onnxruntime|cuda]
-//	         [-log-every 5s] [-print-env] [-quiet]
+//	         [-log-every 5s] [-print-env] [-quiet] [-no-final-newline]
 //
 // -memory is piecewise constant from the start: at each offset the process
 // holds that many bytes (growing allocates, shrinking frees). -leak grows it
 // further after the last step. -run ends the process with status 0 after
-// that long (0: run until killed). The driver's directory comes from
+// that long (0: run until killed). -no-final-newline ends the
+// out-of-memory error without its newline, as a C program's fprintf may
+// before it exits. The driver's directory comes from
 // GPUSLICE_SIM_DIR (default /run/gpuslice-sim).
 //
 // With CUDA_MPS_PIPE_DIRECTORY set it is a CUDA MPS client: before it opens
@@ -60,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	logEvery := fs.Duration("log-every", 0, "print a progress line this often (0: never)")
 	printEnv := fs.Bool("print-env", false, "print the NVIDIA_*, CUDA_*, GPUSLICE_* and framework allocator (XLA_*, TF_*, PYTORCH_*) environment at start")
 	quiet := fs.Bool("quiet", false, "print nothing but errors (an OOM is then the first line the container writes)")
+	noNewline := fs.Bool("no-final-newline", false, "end the out-of-memory error without its newline")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -149,7 +152,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if err := ctx.Alloc(want - held); err != nil {
 				var o *simgpu.OOMError
 				if errors.As(err, &o) {
-					fmt.Fprint(stderr, oom(oomInfo{want - held, held, ctx.Total, o.Free, os.Getpid()}))
+					msg := oom(oomInfo{want - held, held, ctx.Total, o.Free, os.Getpid()})
+					if *noNewline {
+						msg = strings.TrimSuffix(msg, "\n")
+					}
+					fmt.Fprint(stderr, msg)
 					return false
 				}
 				fmt.Fprintf(stderr, "fakecuda: %v\n", err)
