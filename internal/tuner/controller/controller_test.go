@@ -695,6 +695,23 @@ func testVerifyFailure(t *testing.T, env *testenv.Env) {
 		t.Errorf("verify_failures_total = %v after holding", got)
 	}
 
+	// A new leadership (a restarted tuner, or another replica) keeps the
+	// hold: it is in the node's last decision, not only in memory.
+	if r := h.record(node); r.Hold == nil || r.Hold.Replicas != 5 || r.Hold.Allocatable != 8 {
+		t.Errorf("last decision %+v, want the hold at 5 replicas with 8 advertised", r)
+	}
+	stop := make(chan struct{})
+	close(stop) // one round, then the loop ends
+	h.advance(10 * time.Second)
+	h.c.loop(h.ctx, stop)
+	if label() != "gpuslice-5" {
+		t.Errorf("a held node was changed by a new leadership: %q", label())
+	}
+	if st := h.c.state[node]; st == nil || st.held == nil {
+		t.Errorf("a new leadership dropped the hold: state %+v", st)
+	}
+	h.events()
+
 	// Its exporter is down for a window (as it may be on a broken node):
 	// when its signals come back, the node is still held.
 	h.src.set(node, signal{})

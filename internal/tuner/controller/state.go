@@ -30,6 +30,24 @@ type Record struct {
 	// leader, like this one, does not undo a change before it has settled
 	// (policy.Observation.LastDirection).
 	LastChangeDirection string `json:"lastChangeDirection,omitempty"`
+	// Hold is the hold after a failed verification in force when the
+	// record was written, so that a new leader keeps it (adopt): no change
+	// until it lifts.
+	Hold *RecordHold `json:"hold,omitempty"`
+}
+
+// RecordHold is a hold after a failed verification (Record.Hold).
+type RecordHold struct {
+	// Until is when it lifts by itself (apply.verifyHold after the
+	// failure).
+	Until time.Time `json:"until"`
+	// Replicas is the count written; Resource and Allocatable what the
+	// node advertised when verification gave up: a change of either lifts
+	// the hold.
+	Replicas    int    `json:"replicas"`
+	Resource    string `json:"resource"`
+	Allocatable int64  `json:"allocatable"`
+	Why         string `json:"why"`
 }
 
 func readRecord(s string) *Record {
@@ -54,6 +72,14 @@ func (r *Record) lastChange() time.Time {
 		return time.Time{}
 	}
 	return *r.LastChange
+}
+
+// hold is the record's Hold, nil when none.
+func (r *Record) hold() *RecordHold {
+	if r == nil {
+		return nil
+	}
+	return r.Hold
 }
 
 // lastChangeDirection is the direction of the change at lastChange, ""
@@ -225,13 +251,19 @@ func (c *Controller) expect(w *work, cfg dpconfig.Config, replicas int, deadline
 }
 
 // adopt picks up, once per leadership, a change the previous leader made
-// whose verification it could not finish.
+// whose verification it could not finish, or the hold it was keeping after
+// one failed (checkVerify then lifts it as it would have).
 func (c *Controller) adopt(w *work, now time.Time, cur int, cfg dpconfig.Config) {
 	if w.st.adopted {
 		return
 	}
 	w.st.adopted = true
 	if c.cfg.DryRun || w.st.pending != nil {
+		return
+	}
+	if h := w.record.hold(); h != nil && w.st.held == nil && now.Before(h.Until) {
+		w.st.held = &hold{replicas: h.Replicas, resource: h.Resource, allocatable: h.Allocatable, until: h.Until, why: h.Why}
+		c.log.Info("hold after a failed verification kept from the node's last decision", "node", w.node.Name, "until", h.Until)
 		return
 	}
 	last := w.record.lastChange()

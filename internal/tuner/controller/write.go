@@ -166,8 +166,11 @@ func (c *Controller) annotate(ctx context.Context, w *work, rec Record, lastChan
 			rec.LastChangeDirection = w.record.lastChangeDirection()
 		}
 	}
+	if h := w.st.held; h != nil {
+		rec.Hold = &RecordHold{Until: h.until, Replicas: h.replicas, Resource: h.resource, Allocatable: h.allocatable, Why: h.why}
+	}
 	if old := w.record; old != nil && old.Replicas == rec.Replicas && old.Recommended == rec.Recommended && old.Reason == rec.Reason &&
-		w.node.Annotations[AnnotationReplicas] == strconv.Itoa(rec.Replicas) {
+		(old.Hold == nil) == (rec.Hold == nil) && w.node.Annotations[AnnotationReplicas] == strconv.Itoa(rec.Replicas) {
 		return
 	}
 	err := c.updateNode(ctx, w.node.Name, func(n *corev1.Node) error {
