@@ -147,6 +147,14 @@ func testRBAC(t *testing.T, env *testenv.Env) {
 		h := newHarness(t, env, cfg, sa)
 		h.daemonSet()
 		h.src.set("rbac-node", headroom(1))
+		// The plugin-mode run above changed the node, on the wall clock;
+		// with no last change on the ConfigMap, restart mode would take
+		// the node's and wait out its cooldown. This run starts afresh.
+		n := h.getNode("rbac-node")
+		delete(n.Annotations, AnnotationLastDecision)
+		if _, err := env.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		h.round()
 		if got := h.getDaemonSet().Spec.Template.Annotations[AnnotationRestartedAt]; got == "" {
 			t.Error("DaemonSet not restarted")

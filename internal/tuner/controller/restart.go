@@ -63,6 +63,18 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 			c.log.Error("restarting the device plugin DaemonSet failed; retrying next round", "daemonset", c.cfg.Apply.DaemonSet.String(), "err", err)
 		}
 	}
+	if lastChange.IsZero() {
+		// The ConfigMap lost its annotations (recreated, or the cluster
+		// came from another apply mode): the nodes' last decisions still
+		// know the last change, for the cooldown and the settling. Without
+		// it each node's record, newer than a decision with no last change,
+		// was never written again.
+		for _, w := range r.ws {
+			if t := w.record.lastChange(); t.After(lastChange) {
+				lastChange, lastDirection = t, w.record.lastChangeDirection()
+			}
+		}
+	}
 	floor := c.sem.floor(sharedConfig(cm, f).Config())
 
 	var ds []decided
@@ -119,6 +131,9 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 	if err == nil && !c.cfg.DryRun {
 		if rerr := c.restartDaemonSet(ctx, stamp); rerr != nil {
 			err = fmt.Errorf("the key is written, the restart failed (retried next round): %w", rerr)
+			// The change is in the key, and is told as such, but not as
+			// a restart that did not happen.
+			where = fmt.Sprintf("ConfigMap %s key %q; the restart of DaemonSet %s failed and is retried next round", ref, c.cfg.Apply.Key, c.cfg.Apply.DaemonSet)
 		}
 	}
 	if err != nil {

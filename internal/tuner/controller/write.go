@@ -122,7 +122,10 @@ func (c *Controller) updateConfigMap(ctx context.Context, change func(*corev1.Co
 // restartDaemonSet does what `kubectl rollout restart` does to the device
 // plugin's DaemonSet, stamped with the given time: a patch of one pod
 // template annotation, which leaves the rest of the DaemonSet as it is and
-// needs no precondition (the same stamp twice is the same restart).
+// needs no precondition (the same stamp twice is the same restart). A
+// restart stamped at that time or later (an operator's `kubectl rollout
+// restart`, or this tuner's) has been made already: stamped back to an
+// older time, every plugin pod would restart once more for nothing.
 func (c *Controller) restartDaemonSet(ctx context.Context, stamp string) error {
 	ref := c.cfg.Apply.DaemonSet
 	dss := c.client.AppsV1().DaemonSets(ref.Namespace)
@@ -130,8 +133,14 @@ func (c *Controller) restartDaemonSet(ctx context.Context, stamp string) error {
 	if err != nil {
 		return err
 	}
-	if ds.Spec.Template.Annotations[AnnotationRestartedAt] == stamp {
+	have := ds.Spec.Template.Annotations[AnnotationRestartedAt]
+	if have == stamp {
 		return nil
+	}
+	if at, err := time.Parse(time.RFC3339, have); err == nil {
+		if want, err := time.Parse(time.RFC3339, stamp); err == nil && !at.Before(want) {
+			return nil
+		}
 	}
 	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"template": map[string]any{
 		"metadata": map[string]any{"annotations": map[string]string{AnnotationRestartedAt: stamp}}}}})
