@@ -55,7 +55,10 @@
 //
 // Xid events are read by a goroutine waiting on an NVML event set with
 // EventTypeXidCriticalError registered on every GPU that supports it; the
-// set is created again after each re-initialization, and counts go on.
+// set is created again after each re-initialization, and after a GPU of it
+// is lost (on the GPUs still there), and counts go on. An event is put on
+// its GPU by the handle it was registered with, which a GPU that fell off
+// the bus still carries when it no longer answers GetUUID.
 package nvmlbackend
 
 import (
@@ -64,6 +67,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -773,27 +777,48 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, util ut
 // xidReader is one event set with its GPUs and the goroutine reading it.
 type xidReader struct {
 	set nvml.EventSet
-	// gpus maps the UUID of each GPU registered on set to its index;
-	// written before the goroutine starts, then only read.
+	// gpus maps the UUID of each GPU registered on set to its index, and
+	// byDevice each one's handle to the same: a GPU that fell off the bus
+	// (Xid 79) no longer answers GetUUID, but its event still carries the
+	// handle it was registered with. Written before the goroutine starts,
+	// then only by it (remake).
 	gpus       map[string]int
+	byDevice   map[nvml.Device]xidGPU
 	stop, done chan struct{}
+}
+
+// xidGPU is a GPU registered for Xid events.
+type xidGPU struct {
+	uuid  string
+	index int
 }
 
 // registerXidEvents creates an event set and registers Xid critical errors
 // on every GPU that supports them. It returns nil when none does.
 func (b *Backend) registerXidEvents() *xidReader {
+	r := &xidReader{stop: make(chan struct{}), done: make(chan struct{})}
+	if !b.makeXidSet(r) {
+		return nil
+	}
+	return r
+}
+
+// makeXidSet gives r a new event set with Xid critical errors registered
+// on every GPU that supports them, and says whether any does (when none
+// does, the set is freed and r left as it was).
+func (b *Backend) makeXidSet(r *xidReader) bool {
 	set, ret := b.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
 		b.log.Warn("nvml: cannot create an event set; Xid errors will not be counted", "error", ret.Error())
-		return nil
+		return false
 	}
 	n, ret := b.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		b.log.Warn("nvml: cannot count GPUs; Xid errors will not be counted", "error", ret.Error())
 		b.freeUnused(set)
-		return nil
+		return false
 	}
-	r := &xidReader{set: set, gpus: make(map[string]int), stop: make(chan struct{}), done: make(chan struct{})}
+	gpus, byDevice := make(map[string]int), make(map[nvml.Device]xidGPU)
 	for i := range n {
 		log := b.log.With("gpu", i)
 		h, ret := b.lib.DeviceGetHandleByIndex(i)
@@ -820,13 +845,23 @@ func (b *Backend) registerXidEvents() *xidReader {
 			log.Warn("nvml: cannot register Xid events; its Xid errors will not be counted", "error", ret.Error())
 			continue
 		}
-		r.gpus[uuid] = i
+		gpus[uuid] = i
+		if usableKey(h) {
+			byDevice[h] = xidGPU{uuid, i}
+		}
 	}
-	if len(r.gpus) == 0 {
+	if len(gpus) == 0 {
 		b.freeUnused(set)
-		return nil
+		return false
 	}
-	return r
+	r.set, r.gpus, r.byDevice = set, gpus, byDevice
+	return true
+}
+
+// usableKey says whether d can be a map key: go-nvml's handles can, a
+// test's double might not.
+func usableKey(d nvml.Device) bool {
+	return d != nil && reflect.TypeOf(d).Comparable()
 }
 
 // freeUnused frees an event set no GPU reports on. A failure leaks one
@@ -841,9 +876,15 @@ func (b *Backend) freeUnused(set nvml.EventSet) {
 // readXidEvents waits on r's event set until r is stopped. NVML's wait
 // cannot be interrupted, so it waits at most xidTimeoutMs at a time and
 // checks for the stop in between.
+//
+// A wait fails with ERROR_GPU_IS_LOST once a GPU of the set has fallen off
+// the bus, and goes on failing so: the set is made again on the GPUs that
+// still answer, so that the others' Xid errors go on being counted. A
+// failure is logged once until a wait succeeds or times out again.
 func (b *Backend) readXidEvents(r *xidReader) {
 	defer close(r.done)
 	timeoutMs := b.xidTimeoutMs
+	logged := nvml.SUCCESS
 	for {
 		select {
 		case <-r.stop:
@@ -853,19 +894,42 @@ func (b *Backend) readXidEvents(r *xidReader) {
 		e, ret := r.set.Wait(timeoutMs)
 		switch ret {
 		case nvml.SUCCESS:
+			logged = nvml.SUCCESS
 			b.countXid(r, e)
+			continue
 		case nvml.ERROR_TIMEOUT:
-		default:
-			// Some failures return at once; waiting before the next try
-			// keeps a broken event set from spinning a CPU.
+			logged = nvml.SUCCESS
+			continue
+		}
+		if ret != logged {
 			b.log.Warn("nvml: waiting for Xid events failed", "error", ret.Error())
-			select {
-			case <-r.stop:
-				return
-			case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
-			}
+			logged = ret
+		}
+		if ret == nvml.ERROR_GPU_IS_LOST {
+			b.remakeXidSet(r)
+		}
+		// Some failures return at once; waiting before the next try
+		// keeps a broken event set from spinning a CPU.
+		select {
+		case <-r.stop:
+			return
+		case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
 		}
 	}
+}
+
+// remakeXidSet replaces r's event set by a new one on the GPUs that still
+// answer; r's goroutine calls it, the only one waiting on the set, so the
+// old set may be freed. When no GPU can be registered the old set stays.
+func (b *Backend) remakeXidSet(r *xidReader) {
+	old := r.set
+	if !b.makeXidSet(r) {
+		return
+	}
+	if ret := old.Free(); ret != nvml.SUCCESS {
+		b.log.Warn("nvml: cannot free the event set of a lost GPU", "error", ret.Error())
+	}
+	b.log.Info("nvml: Xid events registered again after a GPU was lost", "gpus", len(r.gpus))
 }
 
 func (b *Backend) countXid(r *xidReader, e nvml.EventData) {
@@ -876,18 +940,25 @@ func (b *Backend) countXid(r *xidReader, e nvml.EventData) {
 		b.log.Warn("nvml: Xid event without a GPU, not counted", "xid", e.EventData)
 		return
 	}
-	uuid, ret := e.Device.GetUUID()
-	if ret != nvml.SUCCESS {
-		b.log.Warn("nvml: cannot read the UUID of the GPU of an Xid event, not counted", "xid", e.EventData, "error", ret.Error())
-		return
+	g, ok := xidGPU{}, false
+	if usableKey(e.Device) {
+		g, ok = r.byDevice[e.Device]
 	}
-	index, ok := r.gpus[uuid]
 	if !ok {
-		b.log.Warn("nvml: Xid event from a GPU not registered, not counted", "uuid", uuid, "xid", e.EventData)
-		return
+		uuid, ret := e.Device.GetUUID()
+		if ret != nvml.SUCCESS {
+			b.log.Warn("nvml: cannot read the UUID of the GPU of an Xid event, not counted", "xid", e.EventData, "error", ret.Error())
+			return
+		}
+		index, registered := r.gpus[uuid]
+		if !registered {
+			b.log.Warn("nvml: Xid event from a GPU not registered, not counted", "uuid", uuid, "xid", e.EventData)
+			return
+		}
+		g = xidGPU{uuid, index}
 	}
-	b.log.Warn("nvml: Xid error", "gpu", index, "uuid", uuid, "xid", e.EventData)
-	b.xids.Add(uuid, index, e.EventData, 1)
+	b.log.Warn("nvml: Xid error", "gpu", g.index, "uuid", g.uuid, "xid", e.EventData)
+	b.xids.Add(g.uuid, g.index, e.EventData, 1)
 }
 
 // Xids returns the Xid events counted since New, sorted by UUID then Xid.

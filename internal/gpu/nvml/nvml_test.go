@@ -700,6 +700,53 @@ func TestXidEvents(t *testing.T) {
 	}
 }
 
+// TestXidLostGPU: the Xid of a GPU that fell off the bus is counted
+// though the GPU no longer answers GetUUID, and once waits fail with
+// ERROR_GPU_IS_LOST the set is made again without it, so that the other
+// GPUs' Xid errors go on being counted.
+func TestXidLostGPU(t *testing.T) {
+	n := newNode(t)
+	lost := make(chan struct{}, 1)
+	wait := n.set.WaitFunc
+	n.set.WaitFunc = func(ms uint32) (nvml.EventData, nvml.Return) {
+		select {
+		case <-lost:
+			return nvml.EventData{}, nvml.ERROR_GPU_IS_LOST
+		default:
+			return wait(ms)
+		}
+	}
+	b := n.open(t)
+	waitFor := func(want []gpu.XidCount) {
+		t.Helper()
+		xidcount.Sort(want)
+		var got []gpu.XidCount
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if got = b.Xids(); cmp.Equal(want, got) {
+				return
+			}
+		}
+		t.Fatalf("Xids (-want +got):\n%s", cmp.Diff(want, got))
+	}
+
+	n.gpus[3].GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	n.events <- nvml.EventData{Device: n.gpus[3], EventType: nvml.EventTypeXidCriticalError, EventData: 79}
+	waitFor([]gpu.XidCount{{UUID: n.gpus[3].UUID, Index: 3, Xid: 79, Count: 1}})
+
+	lost <- struct{}{}
+	n.events <- nvml.EventData{Device: n.gpus[2], EventType: nvml.EventTypeXidCriticalError, EventData: 13}
+	waitFor([]gpu.XidCount{{UUID: n.gpus[3].UUID, Index: 3, Xid: 79, Count: 1}, {UUID: n.gpus[2].UUID, Index: 2, Xid: 13, Count: 1}})
+	if c := len(n.EventSetCreateCalls()); c != 2 {
+		t.Errorf("event set created %d times, want 2: again after the GPU was lost", c)
+	}
+	if r2, r3 := len(n.gpus[2].RegisterEventsCalls()), len(n.gpus[3].RegisterEventsCalls()); r2 != 2 || r3 != 1 {
+		t.Errorf("RegisterEvents calls: GPU 2 %d, GPU 3 %d; want 2 and 1 (the lost GPU not registered again)", r2, r3)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestClose checks that Close stops the event reader before freeing the
 // set, shuts NVML down once, and that the backend is unusable afterwards
 // without touching NVML.
