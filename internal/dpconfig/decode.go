@@ -35,6 +35,20 @@ const (
 	pathMPSRes      = pathMPS + "." + keyResources
 )
 
+// fields are the field names of the document.
+var fields = []string{keyVersion, keyFlags, keyMig, keySharing, keyTimeSlice, keyMPS, keyRenameDef, keyFailGT1,
+	keyResources, keyName, keyRename, keyDevices, keyReplicas, keyPlugin, keyListStrategy, keyIDStrategy, keyCDIPrefix}
+
+// foldedField returns the field name key spells in another case.
+func foldedField(key string) (string, bool) {
+	for _, f := range fields {
+		if key != f && strings.EqualFold(key, f) {
+			return f, true
+		}
+	}
+	return "", false
+}
+
 // lineMap remembers the line of every field path decode saw, so that errors
 // found later by validate can point into the document.
 type lineMap map[string]int
@@ -260,6 +274,14 @@ func (d *decoder) mapping(n *yaml.Node, path string) map[string]*yaml.Node {
 		}
 		if _, dup := out[k.Value]; dup {
 			d.fail(kpath, k, "key %q defined twice", k.Value)
+			continue
+		}
+		if f, ok := foldedField(k.Value); ok {
+			// NVIDIA reads its config as JSON, whose field names match in
+			// any case: `Sharing` shares its GPUs there, and would be an
+			// unknown field here (read as no sharing, and a raise would
+			// add a second `sharing`).
+			d.fail(kpath, k, "%q is read as %q by NVIDIA's plugin (its keys match in any case) but not here: spell it %q", k.Value, f, f)
 			continue
 		}
 		d.lines[kpath] = k.Line

@@ -155,6 +155,11 @@ func TestParseInvalid(t *testing.T) {
 		{"mps not a mapping", "sharing: {mps: [a]}\n", "sharing.mps: must be a mapping, got a list"},
 		{"mps failRequestsGreaterThanOne not a bool", "sharing: {mps: {failRequestsGreaterThanOne: 2, resources: [{name: gpu, replicas: 2}]}}\n", "sharing.mps.failRequestsGreaterThanOne: must be true or false"},
 		{"duplicate key", "version: v1\nversion: v1\n", `version: key "version" defined twice (line 2)`},
+		// NVIDIA's plugin would read these as sharing and replicas.
+		{"a field in another case", "version: v1\nSharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}\n",
+			`Sharing: "Sharing" is read as "sharing" by NVIDIA's plugin (its keys match in any case) but not here: spell it "sharing" (line 2)`},
+		{"a nested field in another case", "sharing: {timeSlicing: {resources: [{name: gpu, Replicas: 4}]}}\n",
+			`sharing.timeSlicing.resources[0].Replicas: "Replicas" is read as "replicas"`},
 		{"not a mapping", "- a\n- b\n", "must be a mapping, got a list"},
 		{"sharing a string", "sharing: yes\n", `sharing: must be a mapping, got str "yes"`},
 		{"two documents", "version: v1\n---\nversion: v1\n", "more than one YAML document; a config is one document (line 2)"},

@@ -75,8 +75,57 @@ func (f *File) SetReplicas(n int) (changed bool, err error) {
 	if !reflect.DeepEqual(next.cfg, want) {
 		return false, fmt.Errorf("config after setting replicas to %d reads %+v, want %+v", n, next.cfg, want)
 	}
+	if err := sameBeyond(f.data, data, keyTimeSlice); err != nil {
+		return false, err
+	}
 	*f = *next
 	return true, nil
+}
+
+// sameBeyond checks that an edit of sharing.<mode> changed nothing else in
+// the document. A YAML anchor makes one node serve several fields: the
+// replicas of `replicas: &r 4` are also those of a field elsewhere that
+// says *r, and a `sharing: *s` is the mapping anchored at another field;
+// edited in place, that other field would change too. Compared as the
+// documents read, aliases followed, with sharing.<mode> left out (and
+// sharing where nothing else is in it).
+func sameBeyond(before, after []byte, mode string) error {
+	outside := func(data []byte) (any, error) {
+		var v any
+		if err := yaml.Unmarshal(data, &v); err != nil {
+			return nil, err
+		}
+		if v == nil {
+			v = map[string]any{} // an empty file: every field its default
+		}
+		if root, ok := v.(map[string]any); ok {
+			if root[keyVersion] == Version {
+				delete(root, keyVersion) // the default, written into an empty file
+			}
+			if sharing, ok := root[keySharing].(map[string]any); ok {
+				delete(sharing, mode)
+				if len(sharing) == 0 {
+					delete(root, keySharing)
+				}
+			} else if root[keySharing] == nil {
+				delete(root, keySharing)
+			}
+		}
+		return v, nil
+	}
+	b, err := outside(before)
+	if err != nil {
+		return err
+	}
+	a, err := outside(after)
+	if err != nil {
+		return err
+	}
+	if !reflect.DeepEqual(a, b) {
+		return &FieldError{Path: keySharing + "." + mode, Msg: "shares a YAML anchor with another field, which a change of its replicas would change too; write " +
+			keySharing + "." + mode + " without anchors and aliases"}
+	}
+	return nil
 }
 
 // encode writes a document with the YAML encoder.

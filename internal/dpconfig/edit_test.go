@@ -212,6 +212,53 @@ func TestSetReplicasErrors(t *testing.T) {
 	}
 }
 
+// TestSetReplicasLeavesAnchoredFields: a field that shares a YAML anchor
+// with the replicas or with sharing is not changed through it. Where the
+// replicas are an alias of another field, the alias is replaced; where
+// the other field is an alias of what the edit would change, the edit is
+// refused, naming what to write instead, and the file stays as it was.
+// Replicas aliased within sharing.timeSlicing itself are all the tuner's.
+func TestSetReplicasLeavesAnchoredFields(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc string
+		n         int
+	}{
+		{"replicas anchored here, aliased outside", "sharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: &r 4\nx-count: *r\n", 6},
+		{"sharing is another field's mapping", "common: &s\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: 4\nsharing: *s\n", 1},
+		{"mps replicas anchored here, aliased outside", "sharing:\n  mps:\n    resources:\n    - name: gpu\n      replicas: &r 4\nx-count: *r\n", 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := mustParse(t, tc.doc)
+			_, err := f.SetSharedReplicas(tc.n)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "YAML anchor") {
+				t.Errorf("SetSharedReplicas(%d) = %v, want ErrInvalid naming the anchor", tc.n, err)
+			}
+			if got := marshal(t, f); got != tc.doc {
+				t.Errorf("a refused edit changed the file:\n%s", got)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, doc, keep string }{
+		{"replicas an alias of another field", "x-count: &r 4\nsharing:\n  timeSlicing:\n    resources:\n    - name: gpu\n      replicas: *r\n", "x-count: &r 4"},
+		{"replicas aliased within sharing.timeSlicing", "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: &r 4}\n    - {name: gpu-b, rename: b, replicas: *r}\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := mustParse(t, tc.doc)
+			if _, err := f.SetReplicas(6); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range f.Config().Resources {
+				if r.Replicas != 6 {
+					t.Errorf("after SetReplicas(6): %+v", f.Config().Resources)
+				}
+			}
+			if got := marshal(t, f); !strings.Contains(got, tc.keep) {
+				t.Errorf("after SetReplicas(6) the file lost %q:\n%s", tc.keep, got)
+			}
+		})
+	}
+}
+
 func TestUnknownFieldsAndCommentsSurviveReencoding(t *testing.T) {
 	f := mustParse(t, written)
 	if _, err := f.SetReplicas(1); err != nil {
