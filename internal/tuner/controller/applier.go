@@ -55,7 +55,7 @@ func (c *Controller) perNodeApply(ctx context.Context, now time.Time, r roundInp
 	}
 	var broken map[string]error
 	if _, err := c.baseFile(cm); err == nil { // else every node is refused with that error
-		if cm, broken, err = c.ensureNamed(ctx, now); err != nil {
+		if cm, broken, err = c.ensureNamed(ctx); err != nil {
 			return fmt.Errorf("writing the named configs into ConfigMap %s: %w", ref, err)
 		}
 	}

@@ -46,6 +46,7 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("restart mode tells a failed restart as one", func(t *testing.T) { testRestartFailureTold(t, env) })
 	t.Run("restart mode without the ConfigMap's last change", func(t *testing.T) { testRestartLostLastChange(t, env) })
 	t.Run("a later restart is not stamped back", func(t *testing.T) { testRestartNotStampedBack(t, env) })
+	t.Run("named configs are stamped when written", func(t *testing.T) { testConfigsStampedWhenWritten(t, env) })
 	t.Run("a new leadership forgets the last one's node state", func(t *testing.T) { testNewLeadership(t, env) })
 	t.Run("a GPU node without signals is reported when the lapse starts", func(t *testing.T) { testNoSignals(t, env) })
 }

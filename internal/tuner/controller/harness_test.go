@@ -69,6 +69,8 @@ type fakeSource struct {
 	interval time.Duration
 	nodes    map[string]signal
 	idle     map[string][]signals.IdleHolder
+	// took, when set, runs in each Observe: a gathering that takes time.
+	took func()
 }
 
 // IdleHolders implements signals.IdleSource.
@@ -99,6 +101,9 @@ func (f *fakeSource) set(node string, s signal) {
 func (f *fakeSource) Observe(_ context.Context, now time.Time, window time.Duration) (map[string][]policy.GPUObservation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.took != nil {
+		f.took()
+	}
 	out := map[string][]policy.GPUObservation{}
 	for node, s := range f.nodes {
 		ctr := cmp.Or(s.container, "ml/a/main")

@@ -135,7 +135,7 @@ func (c *Controller) namedConfigs(cm *corev1.ConfigMap) (want map[string]string,
 // they were written and, when a key that existed changed, the restart
 // that nodes using it are owed. It returns the ConfigMap as written (or as
 // read, when nothing changed).
-func (c *Controller) ensureNamed(ctx context.Context, now time.Time) (*corev1.ConfigMap, map[string]error, error) {
+func (c *Controller) ensureNamed(ctx context.Context) (*corev1.ConfigMap, map[string]error, error) {
 	var broken map[string]error
 	out, err := c.updateConfigMap(ctx, func(fresh *corev1.ConfigMap) error {
 		want, b, err := c.namedConfigs(fresh)
@@ -146,7 +146,10 @@ func (c *Controller) ensureNamed(ctx context.Context, now time.Time) (*corev1.Co
 		if len(want) == 0 {
 			return errUnchanged
 		}
-		stamp := now.UTC().Format(time.RFC3339)
+		// When the write is made, not when the round began: gathering the
+		// signals may take half a minute, which would shorten the wait
+		// for the nodes' ConfigMap volumes (apply.propagationDelay).
+		stamp := c.now().UTC().Format(time.RFC3339)
 		var rewritten []string
 		for k := range want {
 			if _, existed := fresh.Data[k]; existed {

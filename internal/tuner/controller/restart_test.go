@@ -124,3 +124,17 @@ func testRestartNotStampedBack(t *testing.T, env *testenv.Env) {
 		t.Error("the restart is still owed after a later one was made")
 	}
 }
+
+// testConfigsStampedWhenWritten: the named configs' write time, from which
+// apply.propagationDelay is counted, is when they were written, not when
+// the round began gathering the signals.
+func testConfigsStampedWhenWritten(t *testing.T, env *testenv.Env) {
+	h := oneNodeScenario(t, env, config.ModeConfigManager, "cw", false, nil)
+	start := h.now
+	h.src.took = func() { h.now = h.now.Add(20 * time.Second) } // a slow Prometheus
+	h.round()
+	want := start.Add(20 * time.Second).UTC().Format(time.RFC3339)
+	if got := h.getConfigMap().Annotations[AnnotationConfigsWritten]; got != want {
+		t.Errorf("%s = %q, want %q: the time of the write", AnnotationConfigsWritten, got, want)
+	}
+}
