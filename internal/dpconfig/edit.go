@@ -75,10 +75,27 @@ func (f *File) SetReplicas(n int) (changed bool, err error) {
 	if !reflect.DeepEqual(next.cfg, want) {
 		return false, fmt.Errorf("config after setting replicas to %d reads %+v, want %+v", n, next.cfg, want)
 	}
-	if err := sameBeyond(f.data, data, keyTimeSlice); err != nil {
+	*f = *next
+	return true, nil
+}
+
+// SetSharedReplicasInPlace is SetSharedReplicas for a config edited where
+// its author keeps it (restart mode's one key), not a copy the tuner owns:
+// it also refuses an edit that would change a field outside
+// sharing.<mode> through a YAML anchor (sameBeyond), leaving f as it was.
+func (f *File) SetSharedReplicasInPlace(n int) (changed bool, err error) {
+	before, mode := f.data, keyTimeSlice
+	if f.cfg.MPS {
+		mode = keyMPS
+	}
+	next := *f
+	if changed, err = next.SetSharedReplicas(n); err != nil || !changed {
 		return false, err
 	}
-	*f = *next
+	if err := sameBeyond(before, next.data, mode); err != nil {
+		return false, err
+	}
+	*f = next
 	return true, nil
 }
 

@@ -213,11 +213,12 @@ func TestSetReplicasErrors(t *testing.T) {
 }
 
 // TestSetReplicasLeavesAnchoredFields: a field that shares a YAML anchor
-// with the replicas or with sharing is not changed through it. Where the
-// replicas are an alias of another field, the alias is replaced; where
-// the other field is an alias of what the edit would change, the edit is
-// refused, naming what to write instead, and the file stays as it was.
-// Replicas aliased within sharing.timeSlicing itself are all the tuner's.
+// with the replicas or with sharing is not changed through it by an edit in
+// place. Where the replicas are an alias of another field, the alias is
+// replaced; where the other field is an alias of what the edit would
+// change, the edit is refused, naming what to write instead, and the file
+// stays as it was. Replicas aliased within sharing.timeSlicing itself are
+// all the tuner's.
 func TestSetReplicasLeavesAnchoredFields(t *testing.T) {
 	for _, tc := range []struct {
 		name, doc string
@@ -229,9 +230,9 @@ func TestSetReplicasLeavesAnchoredFields(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := mustParse(t, tc.doc)
-			_, err := f.SetSharedReplicas(tc.n)
+			_, err := f.SetSharedReplicasInPlace(tc.n)
 			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "YAML anchor") {
-				t.Errorf("SetSharedReplicas(%d) = %v, want ErrInvalid naming the anchor", tc.n, err)
+				t.Errorf("SetSharedReplicasInPlace(%d) = %v, want ErrInvalid naming the anchor", tc.n, err)
 			}
 			if got := marshal(t, f); got != tc.doc {
 				t.Errorf("a refused edit changed the file:\n%s", got)
@@ -244,7 +245,7 @@ func TestSetReplicasLeavesAnchoredFields(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := mustParse(t, tc.doc)
-			if _, err := f.SetReplicas(6); err != nil {
+			if _, err := f.SetSharedReplicasInPlace(6); err != nil {
 				t.Fatal(err)
 			}
 			for _, r := range f.Config().Resources {

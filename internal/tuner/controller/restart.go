@@ -202,7 +202,7 @@ func (a restartApplier) writeKey(ctx context.Context, from, to int, stamp string
 		} else {
 			delete(cm.Annotations, AnnotationSharedConfig)
 		}
-		if _, err := src.SetSharedReplicas(to); err != nil {
+		if _, err := src.SetSharedReplicasInPlace(to); err != nil {
 			return err
 		}
 		data, err := src.Marshal()
