@@ -29,7 +29,8 @@ type energyCount struct {
 // the containers with processes on it by their SM utilization over the
 // same period, which the backend reports since its previous reading. What
 // the containers' SM shares do not cover (idle power, processes outside
-// pods, processes without a per-process figure) is the GPU's unattributed
+// pods, processes without a per-process figure, and a container's first
+// interval, before its counter was exposed at 0) is the GPU's unattributed
 // energy, so the containers' and the unattributed counters of a GPU add up
 // to its estimated total. NVML's total energy counter would measure the
 // GPU's part more exactly, but the split by SM share would remain an
@@ -67,15 +68,19 @@ func (m *energyMeter) update(devices []gpu.Device, res attribution.Result, now t
 		if _, ok := m.unattributed[d.UUID]; !ok {
 			m.unattributed[d.UUID] = 0
 		}
-		// Counters exist from 0 as soon as a container runs on the GPU,
-		// so the first interval is an increase that rate() sees.
+		// A container's counter is first exposed at 0 and earns from the
+		// interval after: a counter series that appears above 0 has no
+		// earlier sample, so rate() and increase() never see its first
+		// interval (as with the OOM counters, oom.Tracker). That interval's
+		// share stays unattributed, which keeps the GPU's counters adding
+		// up to its energy in what PromQL sees, not only in their values.
 		counts := make([]*energyCount, len(onGPU[d.UUID]))
 		for i, u := range onGPU[d.UUID] {
 			k := holderKey{containerKey{u.Namespace, u.Pod, u.Container.Container}, u.UUID}
 			c := m.containers[k]
 			if c == nil {
-				c = &energyCount{}
-				m.containers[k] = c
+				m.containers[k] = &energyCount{lastSeen: now}
+				continue
 			}
 			c.lastSeen = now
 			counts[i] = c
@@ -97,15 +102,33 @@ func (m *energyMeter) update(devices []gpu.Device, res attribution.Result, now t
 		if sum > 1 {
 			scale = 1 / sum
 		}
-		given := 0.0
+		shares := make([]float64, len(counts))
+		given, largest := 0.0, -1
 		for i, u := range onGPU[d.UUID] {
-			if u.HasSM {
-				e := joules * u.SMUtilization * scale
-				counts[i].joules += e
-				given += e
+			if u.HasSM && counts[i] != nil {
+				shares[i] = joules * u.SMUtilization * scale
+				given += shares[i]
+				if largest < 0 || shares[i] > shares[largest] {
+					largest = i
+				}
 			}
 		}
-		m.unattributed[d.UUID] += joules - given
+		rest := joules - given
+		if rest < 0 && largest >= 0 {
+			// Shares that fill the GPU can round to a hair more than its
+			// energy, and adding that tiny negative rest would take the
+			// unattributed counter down, which Prometheus reads as a
+			// counter reset. Taking it off the largest share instead keeps
+			// every counter growing and their sum the GPU's energy.
+			shares[largest] = max(shares[largest]+rest, 0)
+			rest = 0
+		}
+		for i, c := range counts {
+			if c != nil {
+				c.joules += shares[i]
+			}
+		}
+		m.unattributed[d.UUID] += rest
 	}
 	// A GPU that gave no power reading starts a new interval at its next
 	// one; the gap is not integrated.

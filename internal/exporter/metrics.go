@@ -47,7 +47,7 @@ var (
 	containerEnergy = counter(ns+"_container_gpu_energy_joules_total",
 		"Estimated GPU energy of the container: the GPU's energy between two scrapes (mean power × time) apportioned by the container's share of SM utilization over that time. An estimate: time-slicing gives no per-process power.", containerLabels)
 	unattributedEnergy = counter(ns+"_unattributed_gpu_energy_joules_total",
-		"Estimated GPU energy not apportioned to any container: idle power, processes outside pods and processes without an SM figure. With the containers' counters it adds up to the GPU's estimated energy.", gpuLabels)
+		"Estimated GPU energy not apportioned to any container: idle power, processes outside pods, processes without an SM figure, and a container's first interval (its counter starts at 0). With the containers' counters it adds up to the GPU's estimated energy.", gpuLabels)
 	unattributedMem = gauge(ns+"_unattributed_gpu_memory_used_bytes",
 		"GPU memory used by processes that belong to no known pod container (host processes, pods not known yet).", gpuLabels)
 	oomEvents = counter(ns+"_gpu_oom_events_total",
