@@ -27,6 +27,9 @@ type health struct {
 	collections uint64 // collections so far, to see whether scrapes happen
 	probed      uint64 // collections at the last /healthz
 	last        error  // why the last collection read no GPU
+	// read are the UUIDs of the GPUs the last reading read, which a
+	// probe may check without a Snapshot (probeGPUs).
+	read []string
 }
 
 // record notes one collection: whether it read a GPU, and if not, why.
@@ -61,6 +64,13 @@ var errNoGPU = errors.New("the GPU backend returned no GPU")
 
 // recordSnapshot records one GPU reading.
 func (h *health) recordSnapshot(s gpu.Snapshot, err error) {
+	read := make([]string, len(s.Devices))
+	for i, d := range s.Devices {
+		read[i] = d.UUID
+	}
+	h.mu.Lock()
+	h.read = read
+	h.mu.Unlock()
 	switch {
 	case len(s.Devices) > 0:
 		h.record(true, nil)
@@ -95,12 +105,37 @@ func (e *Exporter) Healthz() http.Handler {
 	})
 }
 
+// readGPUs returns the UUIDs of the GPUs the last reading read.
+func (h *health) readGPUs() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.read
+}
+
 // probeGPUs reads the GPUs outside a scrape, only to judge health.
+//
+// A Snapshot moves the window that the GPUs' and processes' utilization
+// covers (gpu.Device.Utilization), so a probe that took one would leave
+// the next scrape's ratios covering only the time since the probe: with a
+// 60 s scrape and a 20 s probe, the last 20 s at most. Where the backend
+// lists a GPU's processes on their own (gpu.ProcessLister), which moves no
+// window, one GPU of the last reading that answers is a GPU read. When
+// none answers, or the last reading read none, a Snapshot judges: the GPUs
+// are failing, so there is no window to keep, and it is the Snapshot that
+// brings a broken NVML back up (nvmlbackend.Backend.Snapshot).
 func (e *Exporter) probeGPUs(ctx context.Context) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.Timeout)
 	defer cancel()
+	if l, ok := e.cfg.GPU.(gpu.ProcessLister); ok {
+		for _, uuid := range e.health.readGPUs() {
+			if _, err := l.ComputeProcesses(ctx, uuid); err == nil {
+				e.health.record(true, nil)
+				return
+			}
+		}
+	}
 	snap, err := e.cfg.GPU.Snapshot(ctx)
 	e.health.recordSnapshot(snap, err)
 }
