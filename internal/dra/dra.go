@@ -142,6 +142,17 @@ type Slices interface {
 	Err() error
 }
 
+// Instance is the PodResources socket the kubelet answers on, when the
+// Lister tells it (*podresources.Client does): the exporter takes a new one
+// for a kubelet that started again, whose first lists are empty until it
+// has read its pods back. The zero Instance otherwise.
+func (k Kubelet) Instance() podresources.Instance {
+	if i, ok := k.Lister.(interface{ Instance() podresources.Instance }); ok {
+		return i.Instance()
+	}
+	return podresources.Instance{}
+}
+
 // List implements Lister.
 func (k Kubelet) List(ctx context.Context) ([]podresources.Allocation, error) {
 	allocs, err := k.Lister.List(ctx)

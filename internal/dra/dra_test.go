@@ -3,6 +3,8 @@ package dra
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -141,5 +143,38 @@ func TestKubeletList(t *testing.T) {
 	}
 	if len(got) != 1 || !cmp.Equal(got[0].DeviceIDs, []string{uuid0}) {
 		t.Errorf("List = %+v, want the claim resolved to %s", got, uuid0)
+	}
+}
+
+// instanceLister is a Lister that tells its socket, as *podresources.Client
+// does.
+type instanceLister struct {
+	fakeLister
+	at podresources.Instance
+}
+
+func (l instanceLister) Instance() podresources.Instance { return l.at }
+
+// TestKubeletInstance: Kubelet passes on the socket its Lister tells, so
+// that the exporter sees a kubelet restart through it in DRA mode too.
+func TestKubeletInstance(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "kubelet.sock")
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := podresources.NewClient(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close() //nolint:errcheck // nothing was sent
+	at := c.Instance()
+	if !at.Known() {
+		t.Fatal("no Instance for the socket file")
+	}
+	if got := (Kubelet{Lister: instanceLister{at: at}}).Instance(); !got.Same(at) {
+		t.Errorf("Instance = %+v, want the Lister's", got)
+	}
+	if got := (Kubelet{Lister: fakeLister{}}).Instance(); got.Known() {
+		t.Errorf("Instance of a Lister that tells none = %+v, want the zero Instance", got)
 	}
 }

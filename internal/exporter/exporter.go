@@ -11,7 +11,10 @@ package exporter
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"log/slog"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -59,6 +62,17 @@ type Config struct {
 	// MaxGPUFailures is how many collections in a row may read no GPU
 	// before Healthz fails (once a GPU has been read); 0 never fails.
 	MaxGPUFailures int
+	// KubeletRestartGrace is how long after the kubelet restarts an empty
+	// PodResources list is taken for a kubelet that has not read its pods
+	// back yet (kubeletReady); default 2 minutes.
+	KubeletRestartGrace time.Duration
+}
+
+// kubeletInstance is a Kubelet that tells which PodResources socket file
+// it is served on (*podresources.Client does): a new one is a kubelet
+// that started again.
+type kubeletInstance interface {
+	Instance() podresources.Instance
 }
 
 // Exporter is a prometheus.Collector.
@@ -94,6 +108,15 @@ type Exporter struct {
 	// badLimits are the MPS clients whose pinned memory limit did not
 	// parse and was logged (pinnedLimit).
 	badLimits map[int]bool
+	// procfsFailing is the failure of /proc last logged, "" while it
+	// reads (logProcfs).
+	procfsFailing string
+	// kubeletAt is the PodResources socket of the last answer read
+	// (kubeletSeen: there was one), and kubeletRestarted when a new one
+	// was seen, until an answer is trusted again (kubeletReady).
+	kubeletAt        podresources.Instance
+	kubeletSeen      bool
+	kubeletRestarted time.Time
 }
 
 // source is one thing a scrape reads, timed and reported the same way for
@@ -133,6 +156,9 @@ func New(cfg Config) *Exporter {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.KubeletRestartGrace <= 0 {
+		cfg.KubeletRestartGrace = 2 * time.Minute
 	}
 	// One forget period for every series of a container that is gone: the
 	// OOM tracker's (its detector's Config.ForgetAfter).
@@ -276,9 +302,50 @@ func (e *Exporter) collectPodResources(sc *scrape) bool {
 	if errAlloc != nil {
 		e.log.Warn("reading allocatable resources", "err", errAlloc)
 	}
+	if errList == nil && !e.kubeletReady(allocs) {
+		// Neither answer is used: the allocatable devices of a kubelet
+		// whose plugins have not registered again would read as "0 of N
+		// allocated" too.
+		return false
+	}
 	sc.in.Allocations = allocs
 	sc.in.Allocatable = allocatable
 	return errList == nil && errAlloc == nil
+}
+
+// kubeletReady tells whether a PodResources list can be trusted. A kubelet
+// that starts again answers on its new socket before it has read its pods
+// back (DESIGN.md, the real node): its empty list would forget every
+// holder's idle clock (a notebook idle for two days would read 0) and drop
+// the allocation series. So after a new socket, an empty list is taken for
+// a kubelet that is not ready, and the scrape reports neither, until a
+// list names a container or KubeletRestartGrace has passed (a node whose
+// GPU pods did all end).
+func (e *Exporter) kubeletReady(allocs []podresources.Allocation) bool {
+	k, ok := e.cfg.Kubelet.(kubeletInstance)
+	if !ok {
+		return true
+	}
+	now := e.cfg.Now()
+	// Read after the answer: a kubelet that restarted at any moment since
+	// the last answer is on a new socket now. A socket gone is a kubelet
+	// going away or starting again too.
+	at := k.Instance()
+	if e.kubeletSeen && !at.Same(e.kubeletAt) {
+		if e.kubeletRestarted.IsZero() {
+			e.log.Info("the kubelet's PodResources socket changed: the kubelet restarted; an empty list is not trusted until one names a container or the grace passes", "grace", e.cfg.KubeletRestartGrace)
+		}
+		e.kubeletRestarted = now
+	}
+	e.kubeletAt, e.kubeletSeen = at, true
+	if e.kubeletRestarted.IsZero() {
+		return true
+	}
+	if len(allocs) > 0 || now.Sub(e.kubeletRestarted) >= e.cfg.KubeletRestartGrace {
+		e.kubeletRestarted = time.Time{}
+		return true
+	}
+	return false
 }
 
 // collectPods reports the pod list's health; the list itself is read from
@@ -295,7 +362,40 @@ func (e *Exporter) collectPods(*scrape) bool {
 func (e *Exporter) collectProcfs(sc *scrape) bool {
 	refs, gone, err := e.proc.read(sc.in.Devices)
 	sc.in.Refs, sc.in.Gone = refs, gone
+	e.logProcfs(err)
 	return err == nil
+}
+
+// logProcfs logs a failure to read /proc when it starts or changes, and
+// when /proc reads again. A wrong --path.procfs or a /proc the exporter
+// may not read fails every scrape the same way; said once, it is not lost
+// in the log, and the GPU processes that it leaves unattributed are
+// explained.
+func (e *Exporter) logProcfs(err error) {
+	key := procfsFailure(err)
+	if key == e.procfsFailing {
+		return
+	}
+	e.procfsFailing = key
+	if err == nil {
+		e.log.Info("reading procfs again", "procfs", e.cfg.Procfs)
+		return
+	}
+	e.log.Warn("cannot read procfs; GPU processes count as unattributed", "procfs", e.cfg.Procfs, "err", err)
+}
+
+// procfsFailure names a failure to read /proc without the process it hit:
+// the first PID whose cgroup file fails changes from scrape to scrape as
+// processes come and go, while what is wrong stays the same.
+func procfsFailure(err error) string {
+	if err == nil {
+		return ""
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Op + " " + filepath.Base(pe.Path) + ": " + pe.Err.Error()
+	}
+	return err.Error()
 }
 
 // collectOOM scans the joined containers for GPU OOM events.
