@@ -56,7 +56,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.pluginDir, "device-plugin.path", pluginapi.DevicePluginPath, "The kubelet's device-plugin directory; the plugin's sockets go here.")
 	fs.StringVar(&o.kubeletSocket, "kubelet.socket", "", "The kubelet's registration socket (default <device-plugin.path>/kubelet.sock).")
 	fs.StringVar(&o.podResourcesSocket, "kubelet.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
-		"Kubelet PodResources API socket, to keep replica IDs in use advertised after a shrink; empty turns that off.")
+		"Kubelet PodResources API socket, to keep replica IDs in use advertised after a shrink; empty leaves that to the kubelet's checkpoint (kubelet_internal_checkpoint beside kubelet.sock), which also lists ended pods until the kubelet's next allocation.")
 	fs.StringVar(&o.source, "config.source", "file", "Where the NVIDIA-format config comes from: file (--config-file) or kubernetes (--config.configmap).")
 	fs.StringVar(&o.configFile, "config-file", "", "NVIDIA device-plugin config file, watched for changes; empty: every GPU exclusive.")
 	fs.StringVar(&o.configMap, "config.configmap", "", "<namespace>/<name> of the ConfigMap holding configs, for --config.source=kubernetes.")

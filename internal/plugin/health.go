@@ -49,6 +49,7 @@ func newHealthTracker(recovery time.Duration, log *slog.Logger) *healthTracker {
 // Xid counts, and reports whether any GPU's health or the inventory changed.
 func (h *healthTracker) observe(now time.Time, snap gpu.Snapshot, snapErr error, xids []gpu.XidCount) bool {
 	before := len(h.known)
+	migChanged := false
 	bad := func(uuid, why string) {
 		h.lastBad[uuid] = now
 		if h.healthy[uuid] || !h.seen(uuid) {
@@ -63,7 +64,12 @@ func (h *healthTracker) observe(now time.Time, snap gpu.Snapshot, snapErr error,
 	} else {
 		clear(h.answering)
 		for _, d := range snap.Devices {
-			h.known[d.UUID] = gpuInfo{UUID: d.UUID, Index: d.Index, MemoryTotalBytes: d.MemoryTotalBytes}
+			if prev, ok := h.known[d.UUID]; ok && prev.MIGEnabled != d.MIGEnabled {
+				// Whether the GPU is advertised may change (desires).
+				h.log.Info("GPU MIG mode changed", "gpu", d.UUID, "mig_enabled", d.MIGEnabled)
+				migChanged = true
+			}
+			h.known[d.UUID] = gpuInfo{UUID: d.UUID, Index: d.Index, MemoryTotalBytes: d.MemoryTotalBytes, MIGEnabled: d.MIGEnabled}
 			h.answering[d.UUID] = true
 		}
 		for _, f := range snap.Failed {
@@ -94,7 +100,7 @@ func (h *healthTracker) observe(now time.Time, snap gpu.Snapshot, snapErr error,
 			h.log.Info("application Xid, GPU stays healthy", "gpu", x.UUID, "xid", x.Xid, "count", x.Count)
 		}
 	}
-	changed := len(h.known) != before
+	changed := len(h.known) != before || migChanged
 	for uuid := range h.known {
 		ok := h.isHealthy(uuid, now)
 		if prev, seen := h.healthy[uuid]; !seen || prev != ok {

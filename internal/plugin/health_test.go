@@ -88,3 +88,20 @@ func TestHealthTracker(t *testing.T) {
 		})
 	}
 }
+
+// A GPU's MIG mode reaches the plan, and a change of it is a change.
+func TestHealthTrackerMIGMode(t *testing.T) {
+	h := newHealthTracker(time.Minute, slog.New(slog.DiscardHandler))
+	t0 := time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC)
+	a, b := gputest.GPU(uuid0, 48<<30), gputest.GPU(uuid1, 48<<30)
+	h.observe(t0, gputest.Snapshot(a, b), nil, nil)
+	if h.observe(t0.Add(time.Second), gputest.Snapshot(a, b), nil, nil) {
+		t.Error("the same reading again is a change")
+	}
+	if !h.observe(t0.Add(2*time.Second), gputest.Snapshot(a, b.WithMIG()), nil, nil) {
+		t.Error("MIG mode turned on is not a change")
+	}
+	if g := h.gpus(); g[0].MIGEnabled || !g[1].MIGEnabled {
+		t.Errorf("MIG modes %v, %v; want false, true", g[0].MIGEnabled, g[1].MIGEnabled)
+	}
+}

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -18,6 +19,9 @@ type gpuInfo struct {
 	Index            int
 	MemoryTotalBytes uint64
 	Healthy          bool
+	// MIGEnabled: the GPU's MIG mode is on. Its whole-GPU ID is then
+	// advertised only under migStrategy none (desires says why).
+	MIGEnabled bool
 }
 
 // held is a device ID the kubelet has given to a container, with the
@@ -43,7 +47,8 @@ type plan struct {
 	// then replica.
 	Resources map[string][]advertised
 	// Replicas is the configured replica count of each GPU (1 when it is
-	// not shared), for the per-replica memory budget.
+	// not shared, 0 when it is not advertised), for the per-replica memory
+	// budget.
 	Replicas map[string]int
 	// GPUs by UUID.
 	GPUs map[string]gpuInfo
@@ -156,11 +161,33 @@ func (p *plan) add(resource string, g gpuInfo, id string, draining bool) {
 // nvidia.com/gpu apply: gpuslice-plugin does not handle MIG devices. The
 // config has either time-slicing or MPS resources, never both (dpconfig
 // refuses that), so a GPU is shared one way only.
+//
+// A MIG-enabled GPU is advertised whole only under migStrategy none, as
+// NVIDIA's plugin does (v0.19 internal/rm/device_map.go): under single or
+// mixed NVIDIA's plugin advertises its MIG devices instead and never the
+// GPU itself, and CUDA in a container given a whole MIG-enabled GPU finds
+// no device to run on. Advertising it would place pods that fail there;
+// leaving it out places them on a node that can run them.
 func desires(cfg dpconfig.Config, gpus []gpuInfo) (map[string]desire, []string) {
 	var warnings []string
 	out := make(map[string]desire, len(gpus))
+	whole := make([]gpuInfo, 0, len(gpus))
+	migWhole := cfg.MigStrategy == "" || cfg.MigStrategy == "none"
+	if !migWhole {
+		warnings = append(warnings, fmt.Sprintf("flags.migStrategy %q: gpuslice-plugin advertises no MIG devices; GPUs with MIG enabled are not advertised, the others are shared whole", cfg.MigStrategy))
+	}
 	for _, g := range gpus {
+		switch {
+		case !g.MIGEnabled:
+		case migWhole:
+			warnings = append(warnings, fmt.Sprintf("GPU %s has MIG enabled: advertised whole, as NVIDIA's plugin does under migStrategy none; CUDA finds no device on it in a container that is not given its MIG devices", g.UUID))
+		default:
+			warnings = append(warnings, fmt.Sprintf("GPU %s has MIG enabled: not advertised under migStrategy %q (its MIG devices are not shared by gpuslice-plugin)", g.UUID, cfg.MigStrategy))
+			out[g.UUID] = desire{resource: dpconfig.GPUResource}
+			continue
+		}
 		out[g.UUID] = desire{resource: dpconfig.GPUResource, replicas: 1, ids: []string{g.UUID}}
+		whole = append(whole, g)
 	}
 	resources, mode, name := cfg.Resources, "time-slicing", cfg.AdvertisedName
 	if cfg.MPS {
@@ -171,7 +198,13 @@ func desires(cfg dpconfig.Config, gpus []gpuInfo) (map[string]desire, []string) 
 			warnings = append(warnings, fmt.Sprintf("%s resource %q ignored: gpuslice-plugin shares whole GPUs only (no MIG)", mode, r.Name))
 			continue
 		}
-		selected, w := selectGPUs(r.Devices, gpus)
+		if r.Replicas > maxReplicas {
+			// applyConfig refuses such a config (checkSize); this keeps
+			// computePlan safe on its own.
+			warnings = append(warnings, fmt.Sprintf("%s resource %q ignored: %d replicas is above the limit of %d", mode, r.Name, r.Replicas, maxReplicas))
+			continue
+		}
+		selected, w := selectGPUs(r.Devices, whole)
 		warnings = append(warnings, w...)
 		name := name(r)
 		for _, g := range selected {
@@ -183,6 +216,72 @@ func desires(cfg dpconfig.Config, gpus []gpuInfo) (map[string]desire, []string) 
 		}
 	}
 	return out, warnings
+}
+
+// ErrTooManyDevices means a config asks for more device IDs than
+// gpuslice-plugin advertises (maxReplicas, maxDevices).
+var ErrTooManyDevices = errors.New("too many device IDs")
+
+// The kubelet receives a resource's whole device list as one ListAndWatch
+// message, through a gRPC client left at gRPC's default 4 MiB receive limit
+// (kubelet v1.37.1 devicemanager/plugin/v1beta1/client.go sets none): a
+// longer list fails the stream and the node advertises none of the
+// resource. A device takes at most 61 bytes of that message (the longest
+// ID below the cap, <uuid>::1023, listed "Unhealthy";
+// TestDeviceListFitsOneMessage measures it), so:
+//
+//   - maxReplicas caps the replicas per GPU. Every ID of a GPU is then its
+//     UUID or <uuid>::n with n below the cap, so a resource's list, with
+//     IDs held above a lowered count and IDs still retiring
+//     (Options.RetireAfter) included, never holds more than
+//     GPUs × (maxReplicas+1) IDs, whatever configs came before: about
+//     1 MiB on 16 GPUs. 1024 is far past any useful sharing: an 80 GB
+//     GPU leaves 80 MB to each replica.
+//   - maxDevices caps the IDs one config advertises under one resource on
+//     this node, for nodes with more GPUs: under 1 MiB, so that the list
+//     of a new config plus the IDs of the one before, retiring, stays
+//     under half the limit.
+//
+// Without them a config crashed the plugin (replicas 2^63-1: make panics),
+// or made it use gigabytes (replicas 1000000 on 8 GPUs: about 4.4 GiB), or
+// advertise nothing (replicas 10000 on 8 GPUs: a 4.7 MB message).
+const (
+	maxReplicas = 1024
+	maxDevices  = 16384
+)
+
+// checkSize returns an error wrapping ErrTooManyDevices when cfg asks for
+// more than maxReplicas IDs on a GPU, or more than maxDevices IDs under one
+// resource on these GPUs. GPUs found later are checked again when the plan
+// is made (recomputeLocked).
+func checkSize(cfg dpconfig.Config, gpus []gpuInfo) error {
+	resources, path, name := cfg.Resources, "sharing.timeSlicing.resources", cfg.AdvertisedName
+	if cfg.MPS {
+		resources, path, name = cfg.MPSSharing.Resources, "sharing.mps.resources", cfg.MPSSharing.AdvertisedName
+	}
+	for i, r := range resources {
+		if r.Name == dpconfig.GPUResource && r.Replicas > maxReplicas {
+			return fmt.Errorf("%s[%d].replicas: %d for resource %q is above gpuslice-plugin's limit of %d per GPU: %w",
+				path, i, r.Replicas, name(r), maxReplicas, ErrTooManyDevices)
+		}
+	}
+	sorted := slices.Clone(gpus)
+	slices.SortFunc(sorted, func(a, b gpuInfo) int { return cmp.Compare(a.Index, b.Index) })
+	d, _ := desires(cfg, sorted)
+	count := map[string]int{}
+	for _, g := range sorted {
+		count[d[g.UUID].resource] += d[g.UUID].replicas
+	}
+	for i, r := range resources {
+		if r.Name != dpconfig.GPUResource {
+			continue
+		}
+		if n := count[name(r)]; n > maxDevices {
+			return fmt.Errorf("%s[%d].replicas: %d on this node's %d GPUs gives resource %q %d device IDs, above gpuslice-plugin's limit of %d: %w",
+				path, i, r.Replicas, len(gpus), name(r), n, maxDevices, ErrTooManyDevices)
+		}
+	}
+	return nil
 }
 
 // selectGPUs applies a "devices" selection to the GPUs (sorted by index).

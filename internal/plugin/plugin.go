@@ -7,8 +7,9 @@
 // kubelet's allocatable changes within a second and never drops to 0.
 //
 // Lowering replicas never takes a device from a running pod: the IDs the
-// kubelet has given out (its PodResources API) stay advertised until their
-// pods end (see computePlan).
+// kubelet has given out (its PodResources API, and its device-manager
+// checkpoint for those of init containers: checkpoint.go) stay advertised
+// until their pods end (see computePlan).
 package plugin
 
 import (
@@ -17,7 +18,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -58,9 +61,17 @@ type instanceLister interface {
 type Options struct {
 	Backend gpu.Backend
 	Source  Source
-	// PodResources tells which IDs are in use, so a shrink keeps them. Nil
-	// means only the allocations this process made itself are known.
+	// PodResources tells which IDs are in use, so a shrink keeps them.
+	// Nil leaves the kubelet's checkpoint (KubeletCheckpoint), which also
+	// lists ended pods until the kubelet's next allocation, and this
+	// process's own allocations, for 3 HeldIntervals + 1 min after each.
 	PodResources Lister
+	// KubeletCheckpoint is the kubelet's device-manager checkpoint, read
+	// for the IDs of init containers, which PodResources leaves out
+	// (checkpoint.go); default <directory of KubeletSocket>/
+	// kubelet_internal_checkpoint. An unreadable one is logged and
+	// ignored.
+	KubeletCheckpoint string
 	// DevicePluginDir holds the plugin sockets; default
 	// /var/lib/kubelet/device-plugins.
 	DevicePluginDir string
@@ -131,6 +142,14 @@ type Plugin struct {
 	podResourcesAt    podresources.Instance
 	podResourcesAsked time.Time
 	recent            map[held]time.Time
+	// checkpointHeld are the IDs of the kubelet checkpoint's entries that
+	// no PodResources answer has vouched for, as of its last reading;
+	// vouched the entries' IDs one has (checkpoint.go).
+	checkpointHeld []held
+	vouched        map[checkpointKey]bool
+	// checkpointErr is why the checkpoint could not be read last, so
+	// that each reason is logged once.
+	checkpointErr string
 	// retiring holds the IDs dropped from a list, by resource, with when
 	// they were dropped: listed as unhealthy until RetireAfter has passed
 	// with no Allocate in flight (Options.RetireAfter says why).
@@ -166,6 +185,9 @@ func New(o Options) (*Plugin, error) {
 	if o.KubeletSocket == "" {
 		o.KubeletSocket = filepath.Join(o.DevicePluginDir, filepath.Base(pluginapi.KubeletSocket))
 	}
+	if o.KubeletCheckpoint == "" {
+		o.KubeletCheckpoint = filepath.Join(filepath.Dir(o.KubeletSocket), kubeletCheckpointName)
+	}
 	if o.Policy == "" {
 		o.Policy = Distributed
 	}
@@ -200,6 +222,7 @@ func New(o Options) (*Plugin, error) {
 		o: o, log: o.Logger,
 		health:   newHealthTracker(o.RecoveryInterval, o.Logger),
 		recent:   map[held]time.Time{},
+		vouched:  map[checkpointKey]bool{},
 		retiring: map[held]time.Time{},
 		warned:   map[string]bool{},
 		servers:  map[string]*resourceServer{},
@@ -307,7 +330,11 @@ func (p *Plugin) applyConfig(u Update) error {
 	}
 	p.mu.Lock()
 	same := p.cfg != nil && bytes.Equal(p.cfgData, u.Data)
+	gpus := p.health.gpus()
 	p.mu.Unlock()
+	if err := checkSize(cfg, gpus); err != nil {
+		return fmt.Errorf("%s: %w", u.Origin, err)
+	}
 	if same {
 		// The config in use again, after a rejected one perhaps.
 		p.metrics.configValid.Set(1)
@@ -319,6 +346,7 @@ func (p *Plugin) applyConfig(u Update) error {
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.setCheckpointLocked(heldNow, heldErr == nil)
 	if heldErr == nil {
 		p.setHeldLocked(heldNow)
 	}
@@ -333,6 +361,7 @@ func (p *Plugin) applyConfig(u Update) error {
 // heldAnswer is one PodResources answer: the IDs in use; when the question
 // was asked (the answer covers every Allocate that returned before); and
 // the kubelet socket read right after it, zero when the Lister cannot tell.
+// With it, the kubelet's checkpoint read just before the question.
 type heldAnswer struct {
 	ids     []held
 	started time.Time
@@ -340,14 +369,24 @@ type heldAnswer struct {
 	// tells: the Lister tells sockets apart (socket unknown then means
 	// it was gone right after the answer).
 	tells bool
+	// checkpoint holds the checkpoint's entries, or checkpointErr why it
+	// could not be read.
+	checkpoint    []checkpointEntry
+	checkpointErr error
 }
 
-// listHeld reads the device IDs the kubelet has given out.
+// listHeld reads the device IDs the kubelet has given out: its checkpoint,
+// then its PodResources API. The answer's error is PodResources'; the
+// checkpoint's is in the answer.
 func (p *Plugin) listHeld() (heldAnswer, error) {
+	var a heldAnswer
+	// First: an answer vouches for an entry only if it was asked after
+	// the entry was read (checkpoint.go).
+	a.checkpoint, a.checkpointErr = readCheckpoint(p.o.KubeletCheckpoint)
 	if p.o.PodResources == nil {
-		return heldAnswer{}, errNoPodResources
+		return a, errNoPodResources
 	}
-	a := heldAnswer{started: time.Now()}
+	a.started = time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	allocs, err := p.o.PodResources.List(ctx)
@@ -355,7 +394,7 @@ func (p *Plugin) listHeld() (heldAnswer, error) {
 		if !p.heldFailing.Swap(true) {
 			p.log.Warn("cannot read the IDs in use from the kubelet; using the last known ones", "err", err)
 		}
-		return heldAnswer{}, err
+		return a, err
 	}
 	if il, ok := p.o.PodResources.(instanceLister); ok {
 		// Read after the answer: if the kubelet restarted at any moment
@@ -409,8 +448,15 @@ func (p *Plugin) setHeldLocked(a heldAnswer) {
 		p.podResourcesAsked = started
 	}
 	if !p.kubeletRestarted.IsZero() && started.Sub(p.kubeletRestarted) < p.o.RestartGrace {
-		// The kubelet may not know every pod yet: keep what it said before.
+		// The kubelet may not know every pod yet: keep what it said
+		// before, and what this process gave out since, whose record
+		// goes below.
 		for _, h := range p.held {
+			if !slices.Contains(ids, h) {
+				ids = append(ids, h)
+			}
+		}
+		for _, h := range sortedHeld(maps.Keys(p.recent)) {
 			if !slices.Contains(ids, h) {
 				ids = append(ids, h)
 			}
@@ -418,7 +464,7 @@ func (p *Plugin) setHeldLocked(a heldAnswer) {
 	}
 	p.held = ids
 	for h := range p.mpsGiven {
-		if _, recent := p.recent[h]; !recent && !slices.Contains(ids, h) {
+		if _, recent := p.recent[h]; !recent && !slices.Contains(ids, h) && !slices.Contains(p.checkpointHeld, h) {
 			delete(p.mpsGiven, h)
 		}
 	}
@@ -429,6 +475,62 @@ func (p *Plugin) setHeldLocked(a heldAnswer) {
 			delete(p.recent, h)
 		}
 	}
+}
+
+// setCheckpointLocked records the checkpoint read with an answer
+// (answered: PodResources answered too) and reports whether the IDs it
+// adds changed. p.mu is held.
+func (p *Plugin) setCheckpointLocked(a heldAnswer, answered bool) bool {
+	if err := a.checkpointErr; err != nil {
+		if err.Error() != p.checkpointErr {
+			p.checkpointErr = err.Error()
+			msg := "cannot read the kubelet's device-manager checkpoint; IDs held by init containers are not known, only those PodResources lists"
+			if errors.Is(err, os.ErrNotExist) {
+				// Normal until the kubelet first writes it.
+				p.log.Info(msg, "err", err)
+			} else {
+				p.log.Warn(msg, "err", err)
+			}
+		}
+		// As before the checkpoint was read: PodResources alone. What
+		// was vouched for stays so.
+		changed := len(p.checkpointHeld) > 0
+		p.checkpointHeld = nil
+		return changed
+	}
+	if p.checkpointErr != "" {
+		p.checkpointErr = ""
+		p.log.Info("reading the kubelet's device-manager checkpoint", "path", p.o.KubeletCheckpoint)
+	}
+	listed := map[held]bool{}
+	if answered {
+		for _, h := range a.ids {
+			listed[h] = true
+		}
+	}
+	vouched := map[checkpointKey]bool{}
+	unvouched := map[held]bool{}
+	for _, e := range a.checkpoint {
+		for _, id := range e.IDs {
+			k := checkpointKey{podUID: e.PodUID, container: e.Container, held: held{ID: id, Resource: e.Resource}}
+			if p.vouched[k] || listed[k.held] {
+				vouched[k] = true
+			} else {
+				unvouched[k.held] = true
+			}
+		}
+	}
+	p.vouched = vouched
+	ids := sortedHeld(maps.Keys(unvouched))
+	changed := !slices.Equal(ids, p.checkpointHeld)
+	p.checkpointHeld = ids
+	return changed
+}
+
+func sortedHeld(hs iter.Seq[held]) []held {
+	return slices.SortedFunc(hs, func(a, b held) int {
+		return cmp.Or(cmp.Compare(a.Resource, b.Resource), cmp.Compare(a.ID, b.ID))
+	})
 }
 
 func (p *Plugin) heldLoop(ctx context.Context) {
@@ -442,13 +544,14 @@ func (p *Plugin) heldLoop(ctx context.Context) {
 		}
 		a, err := p.listHeld()
 		p.mu.Lock()
+		checkpointChanged := p.setCheckpointLocked(a, err == nil)
 		if err == nil {
 			heldChanged, nRecent := !slices.Equal(a.ids, p.held), len(p.recent)
 			p.setHeldLocked(a)
-			if heldChanged || len(p.recent) != nRecent || len(p.retiring) > 0 {
+			if heldChanged || checkpointChanged || len(p.recent) != nRecent || len(p.retiring) > 0 {
 				p.recomputeLocked()
 			}
-		} else if len(p.recent) > 0 || len(p.retiring) > 0 {
+		} else if checkpointChanged || len(p.recent) > 0 || len(p.retiring) > 0 {
 			p.recomputeLocked() // expires old records and retired IDs
 		}
 		p.mu.Unlock()
@@ -497,18 +600,33 @@ func (p *Plugin) recomputeLocked() {
 	if p.cfg == nil || !p.readOnce {
 		return
 	}
+	gpus := p.health.gpus()
+	if err := checkSize(*p.cfg, gpus); err != nil {
+		// GPUs found since the config was applied (it may come before the
+		// first reading) take it over the limit: send no new list rather
+		// than one the kubelet cannot take, until a config that fits
+		// comes.
+		if !p.warned[err.Error()] {
+			p.warned[err.Error()] = true
+			p.log.Error("device-plugin config in use is too large for this node's GPUs; the device lists stay as they are", "err", err)
+		}
+		p.metrics.configValid.Set(0)
+		return
+	}
 	now := time.Now()
-	ids := slices.Clone(p.held)
+	ids := slices.Concat(p.held, p.checkpointHeld)
 	for h, at := range p.recent {
-		// Without a PodResources answer since, this process's own
-		// allocations stand in for it for a while.
+		// Without a PodResources answer since (none at all when there
+		// is no PodResources API), this process's own allocations stand
+		// in for it for a while; the kubelet's checkpoint has them too
+		// once it is written.
 		if now.Sub(at) > 3*p.o.HeldInterval+time.Minute {
 			delete(p.recent, h)
 			continue
 		}
 		ids = append(ids, h)
 	}
-	p.plan = computePlan(*p.cfg, p.health.gpus(), ids)
+	p.plan = computePlan(*p.cfg, gpus, ids)
 	p.checkMPSLocked() // a new plan may name new MPS resources
 	p.markMPSDownLocked()
 	for _, w := range p.plan.Warnings {

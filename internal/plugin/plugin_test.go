@@ -733,3 +733,18 @@ func TestDroppedIDsRetireAsUnhealthy(t *testing.T) {
 		}
 	}
 }
+
+// Under migStrategy mixed a MIG-enabled GPU read from the backend is not
+// advertised whole, and the plan's warning is logged.
+func TestMIGEnabledGPUNotAdvertisedUnderMixed(t *testing.T) {
+	rec := &records{}
+	cfg := "version: v1\nflags:\n  migStrategy: mixed\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n"
+	h := start(t, setup{config: cfg, gpus: []gputest.GPUSpec{gputest.GPU(uuid0, 48<<30).WithMIG(), gputest.GPU(uuid1, 48<<30)}, logs: rec})
+	h.kubelet.waitList(gpuRes, ids(uuid1, 0, 2))
+	warnings := strings.Join(rec.messages(slog.LevelWarn, "device-plugin config"), "\n")
+	for _, w := range []string{`flags.migStrategy "mixed"`, "GPU " + uuid0 + ` has MIG enabled: not advertised under migStrategy "mixed"`} {
+		if !strings.Contains(warnings, w) {
+			t.Errorf("warnings %q lack %q", warnings, w)
+		}
+	}
+}
