@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -765,6 +767,7 @@ func TestRenderedWorkloads(t *testing.T) {
 				t.Errorf("%s: script lacks %q:\n%s", ds, want, script)
 			}
 		}
+		checkMPSScriptStarts(t, script)
 		for _, probe := range []string{"livenessProbe", "readinessProbe"} {
 			cmd, _, _ := unstructured.NestedSlice(c, probe, "exec", "command")
 			if !strings.Contains(strings.Join(strs(cmd), " "), "get_default_active_thread_percentage") {
@@ -1956,4 +1959,99 @@ func TestDockerfile(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkMPSScriptStarts runs the MPS control daemon's script with stand-ins
+// for nvidia-cuda-mps-control and nvidia-smi: .started, which the plugin
+// takes for a daemon that runs, is written only when the daemon started,
+// and one left by an earlier run goes even when a step before the start
+// fails.
+func checkMPSScriptStarts(t *testing.T, script string) {
+	t.Helper()
+	for _, tc := range []struct {
+		name               string
+		mpsControl, smi    int // exit codes
+		exclusive, started bool
+	}{
+		{"the daemon starts", 0, 0, true, true},
+		{"the daemon does not start", 1, 0, false, false},
+		{"the compute mode cannot be set", 0, 1, true, false},
+	} {
+		t.Run("script: "+tc.name, func(t *testing.T) {
+			root, bin := t.TempDir(), t.TempDir()
+			for name, code := range map[string]int{"nvidia-cuda-mps-control": tc.mpsControl, "nvidia-smi": tc.smi} {
+				if err := os.WriteFile(filepath.Join(bin, name), fmt.Appendf(nil, "#!/bin/sh\nexit %d\n", code), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			started := filepath.Join(root, "nvidia.com/gpu", ".started")
+			if err := os.MkdirAll(filepath.Dir(started), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(started, nil, 0o644); err != nil { // an earlier run's
+				t.Fatal(err)
+			}
+			cmd := exec.Command("sh", "-c", strings.ReplaceAll(script, "/mps/", root+"/"))
+			cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"), "MPS_RESOURCES=nvidia.com/gpu",
+				"MPS_EXCLUSIVE="+strconv.FormatBool(tc.exclusive))
+			out := &lockedBuffer{}
+			cmd.Stdout, cmd.Stderr = out, out
+			// Its own process group, killed whole at the end: the script's
+			// sleep would otherwise outlive it, holding the output open.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			cmd.WaitDelay = time.Second
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			defer func() {
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				select {
+				case <-done:
+				case <-time.After(5 * time.Second):
+				}
+			}()
+			if tc.started {
+				testproc.Eventually(t, 10*time.Second, 10*time.Millisecond, func() string {
+					if _, err := os.Stat(started); err != nil {
+						return "no .started yet: " + out.String()
+					}
+					return ""
+				})
+				return
+			}
+			var exited bool
+			select {
+			case err := <-done:
+				done <- err // for the deferred kill's wait
+				exited = err != nil
+			case <-time.After(10 * time.Second):
+			}
+			if !exited {
+				t.Errorf("the script did not fail:\n%s", out.String())
+			}
+			if _, err := os.Stat(started); err == nil {
+				t.Errorf("%s is there though the daemon did not start:\n%s", started, out.String())
+			}
+		})
+	}
+}
+
+// lockedBuffer is a bytes.Buffer a test reads while a process writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

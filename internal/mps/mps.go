@@ -8,6 +8,7 @@ package mps
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -71,8 +72,9 @@ func MemoryLimit(total uint64, replicas int) uint64 {
 }
 
 // ThreadPercentage is one replica's share of the SMs: 100/replicas,
-// NVIDIA's activeThreadPercentage.
-func ThreadPercentage(replicas int) int { return 100 / max(replicas, 1) }
+// NVIDIA's activeThreadPercentage, and at least 1: past 100 replicas the
+// division gives 0, which is no share a client can run with.
+func ThreadPercentage(replicas int) int { return max(100/max(replicas, 1), 1) }
 
 // FormatPinnedLimit writes limit (rounded down to MiB) for ordinals
 // 0..gpus-1.
@@ -120,6 +122,9 @@ func ParsePinnedLimit(s string) (map[string]uint64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pinned memory limit %q: %w", part, err)
 		}
+		if n > math.MaxUint64/mult {
+			return nil, fmt.Errorf("pinned memory limit %q: more bytes than 64 bits hold", part)
+		}
 		out[key] = n * mult
 	}
 	return out, nil
@@ -127,15 +132,17 @@ func ParsePinnedLimit(s string) (map[string]uint64, error) {
 
 // LimitFor is the pinned limit a client's environment value gives on the
 // GPU with uuid, when it can be known: the value keyed by that UUID, or the
-// one value every key has (what gpuslice-plugin writes; which ordinal is
-// which GPU inside a container is CUDA's to decide, not ours to read).
+// one value every key has, not 0 (what gpuslice-plugin writes; which
+// ordinal is which GPU inside a container is CUDA's to decide, not ours to
+// read). Keys with different values, or a 0 among them, say nothing of
+// this GPU: unknown, whatever order the map gives them in.
 func LimitFor(limits map[string]uint64, uuid string) (uint64, bool) {
 	if v, ok := limits[uuid]; ok {
 		return v, true
 	}
 	var only uint64
 	for _, v := range limits {
-		if only != 0 && v != only {
+		if v == 0 || only != 0 && v != only {
 			return 0, false
 		}
 		only = v

@@ -19,6 +19,9 @@ func TestParsePinnedLimit(t *testing.T) {
 		{"0=", nil, true},
 		{"10G", nil, true},
 		{"0=tenG", nil, true},
+		// More than 64 bits of bytes: an error, not a wrapped number.
+		{"0=99999999999T", nil, true},
+		{"0=16777215T", map[string]uint64{"0": 16777215 << 40}, false},
 	} {
 		got, err := ParsePinnedLimit(tc.in)
 		if (err != nil) != tc.err || !tc.err && !cmp.Equal(got, tc.want) {
@@ -45,7 +48,16 @@ func TestFormatAndLimitFor(t *testing.T) {
 	if v, ok := LimitFor(map[string]uint64{"0": 1, "GPU-a": 2}, "GPU-a"); !ok || v != 2 {
 		t.Errorf("LimitFor by UUID = %d, %v", v, ok)
 	}
+	// A 0 among the keys: unknown, whichever key the map gives first.
+	for range 100 {
+		if v, ok := LimitFor(map[string]uint64{"0": 0, "1": 5 << 30}, "GPU-a"); ok {
+			t.Fatalf("LimitFor of a 0 and a 5 GiB limit = %d, known; want unknown", v)
+		}
+	}
 	if ThreadPercentage(3) != 33 || ThreadPercentage(0) != 100 {
 		t.Error("ThreadPercentage")
+	}
+	if p := ThreadPercentage(101); p != 1 {
+		t.Errorf("ThreadPercentage(101) = %d, want 1: no client runs on 0%%", p)
 	}
 }

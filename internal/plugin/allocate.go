@@ -8,6 +8,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/gpuslice/gpuslice/internal/mps"
 	"github.com/gpuslice/gpuslice/internal/podresources"
 )
 
@@ -84,6 +85,12 @@ func containerResponse(p plan, resource string, ids []string, failGreaterThanOne
 		if !slices.ContainsFunc(gpus, func(h gpuInfo) bool { return h.UUID == g.UUID }) {
 			gpus = append(gpus, g)
 			share := g.MemoryTotalBytes / uint64(max(p.Replicas[id.UUID], 1))
+			if _, ok := p.MPS[g.UUID]; ok {
+				// What the client's pinned limit is (MiB-rounded): a
+				// budget a hair above it would have an application that
+				// sizes itself to the budget hit the limit first.
+				share = mps.MemoryLimit(g.MemoryTotalBytes, p.Replicas[id.UUID])
+			}
 			if budget == 0 || share < budget {
 				budget = share
 			}

@@ -2,8 +2,10 @@ package plugin
 
 import (
 	"fmt"
+	"github.com/gpuslice/gpuslice/internal/dpconfig"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -139,4 +141,23 @@ func TestMPSWithoutRootRefused(t *testing.T) {
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
 	h.writeConfig(mpsConfig(2))
 	h.waitMetric("reload failures", h.plugin.metrics.reloadFailures, 1)
+}
+
+// TestMPSBudgetIsTheLimit: under MPS the memory budget a container is told
+// is its pinned limit, rounded down to MiB as the limit is, not the
+// unrounded share above it.
+func TestMPSBudgetIsTheLimit(t *testing.T) {
+	f, err := dpconfig.Parse([]byte(mpsConfig(3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 48<<30 + 5<<20 + 7 // no whole MiB in a third of it
+	gpus := []gpuInfo{{UUID: uuid0, Index: 0, MemoryTotalBytes: total, Healthy: true}}
+	r, err := containerResponse(computePlan(f.Config(), gpus, nil), "nvidia.com/gpu", []string{rid(uuid0, 0)}, false, "req1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Envs[EnvMemoryBudget], strconv.FormatUint(mps.MemoryLimit(total, 3), 10); got != want {
+		t.Errorf("budget %s, want the pinned limit %s (the unrounded share is %d)", got, want, uint64(total)/3)
+	}
 }
