@@ -19,7 +19,7 @@ const usage = `usage:
   gpuslice-tuner run --config tuner.yaml
   gpuslice-tuner simulate --trace trace.yaml [--policy tuner|static:N] [--config tuner.yaml]
                           [--apply-mode plugin|restart|config-manager|instant] [--evict-crash-loops]
-  gpuslice-tuner status [--kubeconfig F] [--exporter NODE=URL ...] [-o text|json]`
+  ` + statusSynopsis
 
 // errUsage marks a command line that could not be understood.
 var errUsage = errors.New("usage")

@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,21 +39,44 @@ func (e exporterFlags) Set(s string) error {
 	return nil
 }
 
+// statusSynopsis is status's part of the usage text. TestStatusSynopsis
+// checks that it names every flag statusFlags defines, so a new flag
+// cannot be left out of it again.
+const statusSynopsis = `gpuslice-tuner status [--kubeconfig FILE] [--exporter NODE=URL ...] [-o text|json]
+                        [--prometheus URL [--prometheus.node-label LABEL]] [--timeout DURATION]`
+
+type statusOptions struct {
+	kubeconfig, output, promURL, nodeLabel string
+	timeout                                time.Duration
+	exporters                              exporterFlags
+}
+
+// statusFlags defines status's flags. A backquoted word in a flag's help
+// text is its placeholder in -h, so each help text quotes only that.
+func statusFlags(stderr io.Writer) (*flag.FlagSet, *statusOptions) {
+	o := &statusOptions{exporters: exporterFlags{}}
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage:\n  %s\n\nflags:\n", statusSynopsis)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig `FILE`; empty means in-cluster.")
+	fs.StringVar(&o.output, "o", "text", "Output format: text or json.")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "Time allowed for the API server and each exporter; more than 0.")
+	fs.StringVar(&o.promURL, "prometheus", "", "`URL` of a Prometheus that scrapes the exporters (without /api/v1): the OOMS column then counts the last hour (OOMS(1H)) instead of since each exporter started.")
+	fs.StringVar(&o.nodeLabel, "prometheus.node-label", "node", "The `LABEL` the Prometheus scrape config puts the node name in.")
+	fs.Var(o.exporters, "exporter", "`NODE=URL` of a node's gpuslice-exporter /metrics (repeat per node), e.g. a kubectl port-forward to the exporter pod or its pod IP. NODE must be a node the API server lists.")
+	return fs, o
+}
+
 // statusCommand is `gpuslice-tuner status`: one look at every GPU node,
 // from the API server and one scrape of each node's exporter, printed as
 // aligned text or JSON. It lives in the tuner's binary because it shows the
 // tuner's decisions beside what they were made from, and a cluster that
 // runs gpuslice has that binary (in its image) and a kubeconfig at hand.
 func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer, now func() time.Time) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	kubeconfig := fs.String("kubeconfig", "", "Kubeconfig; empty means in-cluster.")
-	output := fs.String("o", "text", "Output format: text or json.")
-	timeout := fs.Duration("timeout", 10*time.Second, "Time allowed for the API server and each exporter.")
-	promURL := fs.String("prometheus", "", "URL of a Prometheus that scrapes the exporters (without /api/v1): the OOMS column then counts the last hour (OOMS(1H)) instead of since each exporter started.")
-	nodeLabel := fs.String("prometheus.node-label", "node", "The label the Prometheus scrape config puts the node name in.")
-	exporters := exporterFlags{}
-	fs.Var(exporters, "exporter", "NODE=URL of a node's gpuslice-exporter /metrics (repeat per node), e.g. one `kubectl port-forward` or the exporter's pod IP.")
+	fs, o := statusFlags(stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -61,29 +86,46 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: status: unexpected argument %q", errUsage, fs.Arg(0))
 	}
-	if *output != "text" && *output != "json" {
-		return fmt.Errorf("%w: status: -o %q: want text or json", errUsage, *output)
+	if o.output != "text" && o.output != "json" {
+		return fmt.Errorf("%w: status: -o %q: want text or json", errUsage, o.output)
+	}
+	// 0 would not mean "no limit": every request would fail at once with
+	// a bare "context deadline exceeded".
+	if o.timeout <= 0 {
+		return fmt.Errorf("%w: status: --timeout %s: want more than 0", errUsage, o.timeout)
 	}
 	// The label stands unquoted in RecentOOMQuery's by clause and matcher,
 	// so it must be a legacy name: promtool 2.42 fails to parse the query
 	// with k8s.node in it ("unexpected character: '.'").
-	if !model.LegacyValidation.IsValidLabelName(*nodeLabel) {
-		return fmt.Errorf("%w: status: --prometheus.node-label %q is not a label name PromQL takes unquoted ([a-zA-Z_][a-zA-Z0-9_]*)", errUsage, *nodeLabel)
+	if !model.LegacyValidation.IsValidLabelName(o.nodeLabel) {
+		return fmt.Errorf("%w: status: --prometheus.node-label %q is not a label name PromQL takes unquoted ([a-zA-Z_][a-zA-Z0-9_]*)", errUsage, o.nodeLabel)
 	}
-	client, err := kubeClient(*kubeconfig)
+	client, err := kubeClient(o.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
-	lctx, cancel := context.WithTimeout(ctx, *timeout)
+	lctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	nodes, err := client.CoreV1().Nodes().List(lctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("status: listing nodes: %w", err)
 	}
+	// An --exporter node the API server does not list (a typo, or a node
+	// deleted since) fails the command, as `kubectl get nodes a typo`
+	// does: the report of the listed nodes is still printed, and the exit
+	// status 1 tells a script that a node it asked about is missing from
+	// it. Not a usage error: the command line is well formed, and the same
+	// one succeeds once the node exists. Its URL is not scraped: the
+	// report has no block to show it in.
+	var unlisted []error
+	for _, node := range status.Unlisted(nodes.Items, slices.Collect(maps.Keys(o.exporters))) {
+		unlisted = append(unlisted, fmt.Errorf("status: --exporter %s=%s: the API server lists no node %q", node, o.exporters[node], node))
+		delete(o.exporters, node)
+	}
 	scrapes := map[string]status.Scrape{}
 	errs := map[string]error{}
-	for node, u := range exporters {
-		s, err := scrape(ctx, u, *timeout)
+	for node, u := range o.exporters {
+		s, err := scrape(ctx, u, o.timeout)
 		if err != nil {
 			errs[node] = err
 			continue
@@ -91,17 +133,22 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer,
 		scrapes[node] = s
 	}
 	r := status.Build(nodes.Items, scrapes, errs)
-	if *promURL != "" {
-		counts, err := recentOOMs(ctx, *promURL, *nodeLabel, *timeout, now())
+	if o.promURL != "" {
+		counts, err := recentOOMs(ctx, o.promURL, o.nodeLabel, o.timeout, now())
 		if err != nil {
 			return fmt.Errorf("status: %w", err)
 		}
 		r.SetRecentOOMs(counts)
 	}
-	if *output == "json" {
-		return r.JSON(stdout)
+	if o.output == "json" {
+		err = r.JSON(stdout)
+	} else {
+		err = r.Text(stdout, now())
 	}
-	return r.Text(stdout, now())
+	if err != nil {
+		return err
+	}
+	return errors.Join(unlisted...)
 }
 
 func scrape(ctx context.Context, u string, timeout time.Duration) (status.Scrape, error) {

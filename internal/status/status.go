@@ -137,8 +137,29 @@ func ParseScrape(source string, r io.Reader) (Scrape, error) {
 	return fams, nil
 }
 
+// Unlisted returns, sorted, the names that no node in nodes has. Build
+// shows a scrape only under a node the API server lists, so the status
+// command checks its --exporter names with it first: an exporter given
+// under a mistyped name would otherwise vanish, and the node meant would
+// read "no exporter given".
+func Unlisted(nodes []corev1.Node, names []string) []string {
+	listed := make(map[string]bool, len(nodes))
+	for i := range nodes {
+		listed[nodes[i].Name] = true
+	}
+	var out []string
+	for _, n := range names {
+		if !listed[n] {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // Build joins the nodes and their scrapes. Nodes without a GPU resource
 // and without a scrape are left out; errs holds a scrape failure by node.
+// A scrape or error of a node that nodes lacks is not shown (see Unlisted).
 func Build(nodes []corev1.Node, scrapes map[string]Scrape, errs map[string]error) Report {
 	var r Report
 	for i := range nodes {

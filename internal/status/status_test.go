@@ -3,6 +3,7 @@ package status
 import (
 	"errors"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -70,5 +71,27 @@ gpuslice_gpu_oom_events_total{namespace="ml",pod="old",container="c",gpu="0",uui
 	}
 	if c := got["old"]; c.OOMs != 1 || !maps.Equal(c.OOMKinds, map[string]float64{"": 1}) {
 		t.Errorf("old: %v OOMs by kind %v, want 1 of kind \"\"", c.OOMs, c.OOMKinds)
+	}
+}
+
+// TestUnlisted: the --exporter names the API server does not list, each
+// once and sorted.
+func TestUnlisted(t *testing.T) {
+	nodes := []corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-1"}}, {ObjectMeta: metav1.ObjectMeta{Name: "gpu-node-2"}}}
+	for _, tc := range []struct {
+		name  string
+		names []string
+		want  []string
+	}{
+		{"all listed", []string{"gpu-node-2", "gpu-node-1"}, nil},
+		{"a typo", []string{"gpu-node-1", "gpu-nod-2"}, []string{"gpu-nod-2"}},
+		{"sorted, once", []string{"z", "gpu-node-1", "a", "z"}, []string{"a", "z"}},
+		{"none given", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Unlisted(nodes, tc.names); !slices.Equal(got, tc.want) {
+				t.Errorf("Unlisted(%q) = %q, want %q", tc.names, got, tc.want)
+			}
+		})
 	}
 }
