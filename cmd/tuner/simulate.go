@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,14 +13,17 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/gpuslice/gpuslice/internal/tuner/config"
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 	"github.com/gpuslice/gpuslice/internal/tuner/sim"
 )
 
 // simulateCommand replays --trace under --policy and prints the sim.Result as
 // one JSON object on stdout. Of --config only the policy section and
-// apply.mode are read; the controller's other sections are ignored so one
-// tuner.yaml serves both commands.
+// apply.mode are used; the controller's other sections need not be complete
+// (no ConfigMap named, say), so one tuner.yaml serves both commands, but the
+// file is read as `run` reads it, so a key `run` would refuse is refused
+// here too (readSimulateConfig).
 //
 // --apply-mode replays what a change costs in that mode (policy.ApplyCost: a
 // new count takes effect only after its latency, and the node admits nothing
@@ -55,11 +59,8 @@ func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer)
 		if err != nil {
 			return fmt.Errorf("simulate: --config: %w", err)
 		}
-		if cfg, err = policy.ConfigFromYAML(data); err != nil {
-			return fmt.Errorf("simulate: --config %s: %w", *configPath, err)
-		}
-		m, err := configApplyMode(data)
-		if err != nil {
+		var m string
+		if cfg, m, err = readSimulateConfig(data); err != nil {
 			return fmt.Errorf("simulate: --config %s: %w", *configPath, err)
 		}
 		if m != "" {
@@ -80,7 +81,9 @@ func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer)
 		cfg.EvictCrashLoops = evict.value
 	}
 	pol, err := sim.ParsePolicy(*policyName, cfg)
-	if err != nil {
+	if errors.Is(err, sim.ErrBadPolicy) {
+		return fmt.Errorf("%w: simulate: --policy: %w", errUsage, err)
+	} else if err != nil {
 		return fmt.Errorf("simulate: --policy: %w", err)
 	}
 	tr, err := sim.ReadTrace(*tracePath)
@@ -98,19 +101,40 @@ func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer)
 	return enc.Encode(res)
 }
 
-// configApplyMode is tuner.yaml's apply.mode, "" when it sets none. It reads
-// that one key leniently: a tuner.yaml whose controller sections are
-// incomplete for `run` (no ConfigMap named, say) still configures a replay.
-func configApplyMode(data []byte) (string, error) {
-	var doc struct {
-		Apply struct {
-			Mode string `yaml:"mode"`
-		} `yaml:"apply"`
+// readSimulateConfig reads a tuner.yaml for a replay: its policy section
+// over the defaults, validated, and its apply.mode ("" when it sets none).
+// It decodes the whole file into config.Config as `run`'s loader does, so an
+// unknown key anywhere is an error naming it and its line (`polcy:` left
+// silently on the defaults would replay another policy than the cluster
+// runs), but it validates only the policy: a file whose controller sections
+// are incomplete for `run` still configures a replay.
+func readSimulateConfig(data []byte) (policy.Config, string, error) {
+	c := config.Default()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return policy.Config{}, "", err
 	}
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return "", err
+	// Decode reads one document; a second one (say, a policy section after
+	// a `---`) would be dropped without a word. An empty one, as a trailing
+	// `---` makes, drops nothing.
+	for {
+		var more yaml.Node
+		err := dec.Decode(&more)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return policy.Config{}, "", fmt.Errorf("after the first YAML document: %w", err)
+		}
+		if len(more.Content) > 1 || (len(more.Content) == 1 && more.Content[0].ShortTag() != "!!null") {
+			return policy.Config{}, "", fmt.Errorf("line %d: a second YAML document: tuner.yaml is one document", more.Line)
+		}
 	}
-	return doc.Apply.Mode, nil
+	if err := c.Policy.Validate(); err != nil {
+		return policy.Config{}, "", err
+	}
+	return c.Policy, c.Apply.Mode, nil
 }
 
 // optionalBool is a boolean flag that knows whether it was given, so that

@@ -75,8 +75,9 @@ func TestSimulateReadsOnlyThePolicySectionOfTheConfig(t *testing.T) {
 		}
 		return p
 	}
-	// maxReplicas 3 caps the tuner that would otherwise reach 8 on queue.yaml.
-	good := write("tuner.yaml", "source: exporters\napplyMode: plugin\ndryRun: true\npolicy:\n  maxReplicas: 3\n  window: 5m\n")
+	// maxReplicas 3 caps the tuner that would otherwise reach 8 on queue.yaml;
+	// the controller's sections are read but need not be complete for run.
+	good := write("tuner.yaml", "signals: {source: exporters}\napply: {mode: plugin}\ndryRun: true\npolicy:\n  maxReplicas: 3\n  window: 5m\n")
 	stdout, err := simulate(t, "--trace", trace("queue.yaml"), "--config", good)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +103,11 @@ func TestSimulateErrors(t *testing.T) {
 		{"no trace", nil, true, "--trace is required"},
 		{"unknown flag", []string{"--trace", trace("tiny.yaml"), "--speed", "2"}, true, "speed"},
 		{"extra argument", []string{"--trace", trace("tiny.yaml"), "extra"}, true, `unexpected argument "extra"`},
-		{"bad policy", []string{"--trace", trace("tiny.yaml"), "--policy", "static:0"}, false, "static:0"},
+		// A bad --policy is a command line not understood, as a bad
+		// --apply-mode is: exit 2 with the usage.
+		{"bad policy", []string{"--trace", trace("tiny.yaml"), "--policy", "static:0"}, true, "static:0"},
+		{"unknown policy", []string{"--trace", trace("tiny.yaml"), "--policy", "foo"}, true, `--policy: bad policy: "foo"`},
+		{"static count not a number", []string{"--trace", trace("tiny.yaml"), "--policy", "static:x"}, true, "static:x"},
 		{"missing trace file", []string{"--trace", "nope.yaml"}, false, "nope.yaml"},
 		{"missing config file", []string{"--trace", trace("tiny.yaml"), "--config", "nope.yaml"}, false, "nope.yaml"},
 	}
@@ -116,6 +121,42 @@ func TestSimulateErrors(t *testing.T) {
 				t.Errorf("printed %q on failure", stdout)
 			}
 		})
+	}
+}
+
+// simulate reads tuner.yaml as run does: a key run would refuse, at the top
+// or inside a section, is an error naming it (a misspelt `policy:` ran on
+// the defaults), and so is a second YAML document (it was dropped unread).
+func TestSimulateConfigStrict(t *testing.T) {
+	tests := []struct {
+		name, body, want string
+	}{
+		{"misspelt section", "polcy:\n  maxReplicas: 1\n", "field polcy not found"},
+		{"key of no section", "applyMode: plugin\n", "field applyMode not found"},
+		{"misspelt key in a section", "apply: {mdoe: instant}\n", "field mdoe not found"},
+		{"unknown policy key", "policy: {maxReplica: 1}\n", `unknown key "maxReplica"`},
+		{"second document", "apply: {mode: plugin}\n---\npolicy: {maxReplicas: 1}\n", "line 2: a second YAML document"},
+		{"second document that does not parse", "policy: {}\n---\npolicy: [1\n", "after the first YAML document"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := writeFile(t, "tuner.yaml", tc.body)
+			stdout, err := simulate(t, "--trace", trace("tiny.yaml"), "--config", cfg)
+			if err == nil || !strings.Contains(err.Error(), "tuner.yaml") || !strings.Contains(err.Error(), tc.want) || errors.Is(err, errUsage) {
+				t.Errorf("err = %v, want one naming tuner.yaml and containing %q", err, tc.want)
+			}
+			if stdout != "" {
+				t.Errorf("printed %q on failure", stdout)
+			}
+		})
+	}
+
+	// What run takes, simulate takes: the shipped example, and a trailing
+	// `---`.
+	for _, path := range []string{filepath.Join("..", "..", "deploy", "examples", "tuner.yaml"), writeFile(t, "t.yaml", "policy: {maxReplicas: 3}\n---\n")} {
+		if _, err := simulate(t, "--trace", trace("tiny.yaml"), "--config", path); err != nil {
+			t.Errorf("%s: %v", path, err)
+		}
 	}
 }
 

@@ -1,8 +1,8 @@
 // Package config reads tuner.yaml, the file `gpuslice-tuner run --config`
 // takes: how the controller gathers signals, how it writes the device-plugin
-// config, leader election, and the `policy:` section (read by
-// policy.ConfigFromYAML, so `simulate --config` and `run --config` read one
-// file the same way).
+// config, leader election, and the `policy:` section. `simulate --config`
+// decodes the same file into Config the same way, unknown keys refused, and
+// uses its policy section and apply.mode, so one file serves both.
 //
 // Unknown keys are errors, naming the file and line: a misspelt setting left
 // silently at its default would, for example, point the tuner at the wrong
@@ -71,7 +71,7 @@ type Config struct {
 	IdleHolderAfter time.Duration `yaml:"idleHolderAfter"`
 	// Policy is the `policy:` section, decoded by policy.Config's own
 	// UnmarshalYAML over policy.DefaultConfig (as policy.ConfigFromYAML
-	// does for `simulate --config`).
+	// does for a policy section on its own).
 	Policy policy.Config `yaml:"policy"`
 }
 

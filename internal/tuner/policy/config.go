@@ -1,8 +1,10 @@
 package policy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -198,15 +200,33 @@ func (c *Config) UnmarshalYAML(n *yaml.Node) error {
 
 // ConfigFromYAML reads the `policy:` section of a tuner.yaml document, starting
 // from DefaultConfig, and validates it. Other top-level keys belong to the
-// controller and are ignored here; a document without a policy section gives
-// the defaults. It takes the bytes, not a path, so that callers own file
-// access and can name the file in their own errors.
+// controller and are not checked here (`simulate --config` decodes the whole
+// file through the config package's types, as `run` does, to refuse unknown
+// ones); a document without a policy section gives the defaults. A second
+// document is an error: it would be dropped unread. It takes the bytes, not
+// a path, so that callers own file access and can name the file in their own
+// errors.
 func ConfigFromYAML(data []byte) (Config, error) {
 	var doc struct {
 		Policy yaml.Node `yaml:"policy"`
 	}
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return Config{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	for {
+		var more yaml.Node
+		err := dec.Decode(&more)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: after the first YAML document: %w", ErrInvalidConfig, err)
+		}
+		// A trailing `---` makes an empty document, which drops nothing.
+		if len(more.Content) > 1 || (len(more.Content) == 1 && more.Content[0].ShortTag() != "!!null") {
+			return Config{}, fmt.Errorf("%w: line %d: a second YAML document: tuner.yaml is one document", ErrInvalidConfig, more.Line)
+		}
 	}
 	cfg := DefaultConfig()
 	if doc.Policy.Kind != 0 && doc.Policy.Tag != "!!null" {

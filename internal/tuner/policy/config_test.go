@@ -73,6 +73,11 @@ func TestConfigFromYAML(t *testing.T) {
 		{"policy not a mapping", "policy: [1, 2]\n", Config{}, "policy must be a mapping"},
 		{"valid YAML, invalid values", "policy:\n  minReplicas: 5\n  maxReplicas: 2\n", Config{}, "maxReplicas must be >= minReplicas"},
 		{"not YAML", "policy: {window: 5m\n", Config{}, "yaml"},
+		// A second document was dropped unread: its policy never applied.
+		{"a second document", "apply: {mode: plugin}\n---\npolicy: {maxReplicas: 1}\n", Config{}, "line 2: a second YAML document"},
+		{"a second document that does not parse", "policy: {}\n---\npolicy: [1\n", Config{}, "after the first YAML document"},
+		{"a trailing --- drops nothing", "policy:\n  maxReplicas: 6\n---\n",
+			func() Config { c := DefaultConfig(); c.MaxReplicas = 6; return c }(), ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/gpuslice/gpuslice/internal/mps"
@@ -105,7 +106,9 @@ func (r *replay) mpsAdmit(p *podRun) {
 	committed, other := limit, false
 	for _, q := range r.pods {
 		if q != p && (q.state == running || q.state == restarting) {
-			committed += r.mps.limit[q]
+			// Limits of several counts can add up past 2^64 on a GPU
+			// a trace says is that large; the sum stops at the most.
+			committed += min(r.mps.limit[q], math.MaxUint64-committed)
 			other = other || r.mps.limit[q] != limit
 		}
 	}
@@ -120,9 +123,11 @@ func (r *replay) mpsAdmit(p *podRun) {
 // process-cap.
 func (r *replay) capOOM(p *podRun, t time.Duration) {
 	r.mps.res.CapOOMEvents++
-	if r.beforeRaise > 0 && r.held > r.beforeRaise {
-		// A pod's own limit: any pod let in beyond the count before the
-		// raise may have set it.
+	if r.beforeRaise > 0 && r.held > r.beforeRaise && p.admitted >= r.raisedAt {
+		// A pod fails at its own limit whoever runs beside it, and a pod
+		// keeps the limit it was admitted with: only a pod admitted since
+		// the raise can have had its limit lowered by it. One admitted
+		// before fails at the count it came in at, whatever the raise did.
 		r.res.RaiseOOMEvents++
 	}
 	r.oom(p, t, policy.OOMCap)

@@ -30,6 +30,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -143,9 +144,16 @@ type Result struct {
 	// PodSecondsRunning is time pods held a replica, OOM restarts included.
 	PodSecondsRunning float64 `json:"podSecondsRunning"`
 	ReplicaChanges    int     `json:"replicaChanges"`
-	FinalReplicas     int     `json:"finalReplicas"`
+	// FinalReplicas is the count the policy chose last (the last change's
+	// `to`, else the start), as MinReplicas and MaxReplicas are over the
+	// counts it chose: one chosen within its apply latency of the end is
+	// still on its way there.
+	FinalReplicas int `json:"finalReplicas"`
 	// PodSecondsLost is work thrown away by OOMs: from the start of each
-	// failed attempt to its OOM, plus the wait before the restart.
+	// failed attempt to its OOM, plus the wait before the restart. An
+	// eviction throws away the attempt it stops, or ends the restart wait
+	// it comes in (the pod waits Pending from then), so lost time is always
+	// part of PodSecondsRunning.
 	PodSecondsLost float64 `json:"podSecondsLost"`
 	Pods           int     `json:"pods"`
 	// PodsCompleted ran their whole run within the trace.
@@ -164,7 +172,8 @@ type Result struct {
 	// ApplyMode is the apply mode replayed, ApplyLatencySeconds the
 	// latency charged over all changes (a change takes effect that long
 	// after the decision) and BlackoutSeconds the time the node admitted
-	// nothing while its plugin restarted.
+	// nothing while its plugin restarted; both within the trace, so a
+	// change decided near its end is charged up to the end only.
 	ApplyMode           string  `json:"applyMode"`
 	ApplyLatencySeconds float64 `json:"applyLatencySeconds"`
 	BlackoutSeconds     float64 `json:"blackoutSeconds"`
@@ -239,7 +248,16 @@ func (p *podRun) nextStep() time.Duration {
 	if p.state != running || p.step+1 >= len(p.Memory) {
 		return -1
 	}
-	return p.attempt + p.Memory[p.step+1].At
+	return later(p.attempt, p.Memory[p.step+1].At)
+}
+
+// later is d after t, or the largest Duration when that is out of its
+// range: a run or a memory step that far off is, to the replay, never.
+func later(t, d time.Duration) time.Duration {
+	if d > math.MaxInt64-t {
+		return math.MaxInt64
+	}
+	return t + d
 }
 
 type replay struct {
@@ -277,6 +295,8 @@ type replay struct {
 	pending     time.Duration
 	warmup      time.Duration
 	lost        time.Duration
+	latency     time.Duration // charged by chargeApply
+	blackout    time.Duration
 	mps         *mpsReplay // nil unless the trace shares through MPS (mps.go)
 }
 
@@ -313,7 +333,7 @@ func RunWith(tr *Trace, p Policy, opt Options) (*Result, error) {
 		ApplyMode: mode, OOMsPerContainer: map[string]int{}}
 	r.startMPS()
 
-	for t := time.Duration(0); t < tr.Duration; t = r.nextEvent(t) {
+	for t := time.Duration(0); t < tr.Duration; {
 		r.endRuns(t)
 		r.changeMemory(t)
 		if r.decided != r.replicas && t >= r.effectAt {
@@ -331,6 +351,9 @@ func RunWith(tr *Trace, p Policy, opt Options) (*Result, error) {
 			r.nextTick += p.Tick()
 		}
 		r.admit(t)
+		next := r.nextEvent(t)
+		r.chargeApply(t, next)
+		t = next
 	}
 	r.finish()
 	return &r.res, nil
@@ -409,7 +432,7 @@ func (r *replay) grow(p *podRun, to uint64, t time.Duration) {
 		r.capOOM(p, t)
 		return
 	}
-	if r.used-p.mem+to <= r.tr.MemoryTotalBytes {
+	if fits(r.used-p.mem, to, r.tr.MemoryTotalBytes) {
 		r.setMemory(p, to)
 		return
 	}
@@ -450,8 +473,13 @@ func (r *replay) raiseLet(p *podRun, bytes uint64) bool {
 		}
 		extra += q.mem
 	}
-	return r.used-p.mem+bytes-extra <= r.tr.MemoryTotalBytes
+	return fits(r.used-p.mem-extra, bytes, r.tr.MemoryTotalBytes)
 }
+
+// fits says whether others plus bytes is at most total, where others (the
+// memory the other pods hold) is at most total and bytes may be anything a
+// trace holds: the sum itself could pass 2^64 and wrap to a small number.
+func fits(others, bytes, total uint64) bool { return bytes <= total && others <= total-bytes }
 
 // oom fails pod p at t with an OOM of kind: counted, its row of OOMs
 // carried on, and the pod restarting after RestartDelay.
@@ -546,8 +574,6 @@ func (r *replay) tick(t time.Duration) error {
 			Reason: d.Reason, Message: d.Message})
 		r.decided, r.changed, r.lastDir, r.lastAt, r.oomSince = d.Replicas, now, dir, t, false
 		r.effectAt = t + r.opt.Apply.Latency
-		r.res.ApplyLatencySeconds += r.opt.Apply.Latency.Seconds()
-		r.res.BlackoutSeconds += r.opt.Apply.Blackout.Seconds()
 		if r.opt.Apply.Latency == 0 {
 			r.replicas = r.decided
 		}
@@ -555,6 +581,22 @@ func (r *replay) tick(t time.Duration) error {
 		r.res.MaxReplicas = max(r.res.MaxReplicas, r.decided)
 	}
 	return nil
+}
+
+// chargeApply charges [t, next), in which nothing happens, to the apply
+// latency while a decided count has not taken effect, and to the blackout
+// while the node admits nothing for it (admit). Charged as the replay
+// passes through them, a change decided near the trace's end is charged
+// only up to the end, and one that a later decision overtakes only until
+// then.
+func (r *replay) chargeApply(t, next time.Duration) {
+	if r.decided == r.replicas {
+		return
+	}
+	r.latency += next - t
+	if t >= r.effectAt-r.opt.Apply.Blackout {
+		r.blackout += next - t
+	}
 }
 
 // evict takes the pod named c off the GPU, as the Eviction API would: its
@@ -565,9 +607,18 @@ func (r *replay) evict(c string, t time.Duration) {
 		if p.Name != c || (p.state != running && p.state != restarting) {
 			continue
 		}
+		if p.state == restarting {
+			// oom charged the failed attempt and the restart wait to its
+			// end; the eviction cuts the wait short at t, and from t the pod
+			// waits Pending, which is not lost work.
+			r.lost -= min(p.restartAt, p.end, r.tr.Duration) - t
+		} else {
+			// The attempt running since p.attempt is thrown away: the pod
+			// starts its run over once admitted again.
+			r.lost += t - p.attempt
+		}
 		r.setMemory(p, 0)
 		r.held--
-		r.lost += t - p.attempt
 		p.waited += p.admitted - p.queued
 		p.ran += t - p.admitted
 		p.state, p.queued, p.row = waiting, t, 0
@@ -583,7 +634,7 @@ func (r *replay) admit(t time.Duration) {
 	for len(r.queue) > 0 && r.held < r.replicas {
 		p := r.queue[0]
 		r.queue = r.queue[1:]
-		p.state, p.admitted, p.end, p.attempt, p.step = running, t, t+p.Run, t, 0
+		p.state, p.admitted, p.end, p.attempt, p.step = running, t, later(t, p.Run), t, 0
 		r.held++
 		r.res.MaxHeld = max(r.res.MaxHeld, r.held)
 		p.starts++
@@ -636,6 +687,8 @@ func (r *replay) finish() {
 	r.res.PodSecondsRunning = runningTime.Seconds()
 	r.res.PodSecondsPendingWarmup = r.warmup.Seconds()
 	r.res.PodSecondsLost = r.lost.Seconds()
+	r.res.ApplyLatencySeconds = r.latency.Seconds()
+	r.res.BlackoutSeconds = r.blackout.Seconds()
 	r.res.ReplicaChanges = len(r.res.Changes)
-	r.res.FinalReplicas = r.replicas
+	r.res.FinalReplicas = r.decided
 }

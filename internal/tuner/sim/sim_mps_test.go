@@ -191,3 +191,46 @@ func TestMPSTunerOnTrace(t *testing.T) {
 		}
 	}
 }
+
+// A pod fails at its own limit whoever runs beside it, and keeps the limit
+// it was admitted with: its cap OOM is a raise's only when it was admitted
+// since the raise (at the raised count's lower limit), not when it came in
+// before and outgrew the limit of the count it came in at.
+func TestMPSRaiseOOMEvents(t *testing.T) {
+	// 48 GiB: 2 replicas give 24 GiB, 4 give 12 GiB. The count goes 2 -> 4
+	// at 15m; s1 and s2 come in at 20m under it, so 3 pods hold replicas
+	// where 2 did.
+	const small = `
+  - {name: s1, arrive: 20m, run: 100m, memory: [[0s, 1073741824]]}
+  - {name: s2, arrive: 20m, run: 100m, memory: [[0s, 1073741824]]}
+`
+	tests := []struct {
+		name        string
+		pod         string
+		ooms, raise int
+	}{
+		// early has 24 GiB and grows to 30 GiB an hour into each attempt:
+		// it fails at 1h (its next growth, 2h0m30s, is past the end), as
+		// it would under 2 with no one beside it.
+		{"admitted before the raise", `  - {name: early, arrive: 0s, run: 2h, memory: [[0s, 1073741824], [1h, 32212254720]]}`, 1, 0},
+		// late comes in at 30m under 4 (12 GiB) and grows to 16 GiB 30m
+		// into each attempt, which the 24 GiB of the count before would
+		// have held: it fails at 1h and 1h30m30s.
+		{"admitted since the raise", `  - {name: early, arrive: 0s, run: 2h, memory: [[0s, 1073741824]]}
+  - {name: late, arrive: 30m, run: 90m, memory: [[0s, 1073741824], [30m, 17179869184]]}`, 2, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := mpsTrace(t, "initialReplicas: 2\nduration: 2h\npods:\n"+tc.pod+small)
+			cur := 0
+			res, err := Run(tr, script{start: 2, at: map[time.Duration]int{15 * time.Minute: 4}, cur: &cur})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.CapOOMEvents != tc.ooms || res.OOMEvents != tc.ooms || res.RaiseOOMEvents != tc.raise {
+				t.Errorf("%d OOM events (%d at a cap), %d after a raise; want %d at a cap, %d after a raise (per pod %v)",
+					res.OOMEvents, res.CapOOMEvents, res.RaiseOOMEvents, tc.ooms, tc.raise, res.OOMsPerContainer)
+			}
+		})
+	}
+}

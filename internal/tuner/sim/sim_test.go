@@ -410,3 +410,146 @@ func TestRaiseOOMEvents(t *testing.T) {
 		})
 	}
 }
+
+// Sizes near 2^64 are compared without wrapping: a pod past the GPU's
+// total fails, however large the number, and a sum that would pass 2^64
+// does not come round to a small one that fits.
+func TestRunHugeMemory(t *testing.T) {
+	const huge = "18446744072635809792" // 2^64 - 1 GiB
+	tests := []struct {
+		name   string
+		trace  string
+		policy Policy
+		ooms   map[string]int
+		raise  int
+	}{
+		{"a pod larger than the GPU", `gpu: {memoryTotalBytes: 10737418240}
+initialReplicas: 2
+duration: 100s
+pods:
+  - {name: a, arrive: 0s, run: 100s, memory: [[0s, 4294967296]]}
+  - {name: b, arrive: 10s, run: 100s, memory: [[0s, ` + huge + `]]}
+`, Static{2}, map[string]int{"b": 3}, 0}, // b fails at 10, 40 and 70 s
+		{"two pods of the whole of a GPU of 2^64 - 1 bytes", `gpu: {memoryTotalBytes: 18446744073709551615}
+initialReplicas: 2
+duration: 50s
+pods:
+  - {name: a, arrive: 0s, run: 50s, memory: [[0s, 18446744073709551615]]}
+  - {name: b, arrive: 0s, run: 50s, memory: [[0s, 18446744073709551615]]}
+`, Static{2}, map[string]int{"b": 2}, 0}, // b fails at 0 and 30 s
+		// loop fails beside svc alone, whatever the raise let in: not the
+		// raise's, though svc, small and loop's bytes add up past 2^64.
+		{"a loop after a raise", `gpu: {memoryTotalBytes: 10737418240}
+initialReplicas: 2
+duration: 100s
+pods:
+  - {name: svc, arrive: 0s, run: 100s, memory: [[0s, 6442450944]]}
+  - {name: loop, arrive: 0s, run: 100s, memory: [[0s, 1073741824], [60s, ` + huge + `]]}
+  - {name: small, arrive: 30s, run: 100s, memory: [[0s, 536870912]]}
+`, &scripted{start: 2, at: map[time.Duration]int{30 * time.Second: 3}}, map[string]int{"loop": 1}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustRun(t, mustParse(t, tc.trace), tc.policy)
+			if diff := cmp.Diff(tc.ooms, r.OOMsPerContainer); diff != "" || r.RaiseOOMEvents != tc.raise {
+				t.Errorf("OOMs per pod (-want +got):\n%s%d after a raise, want %d", diff, r.RaiseOOMEvents, tc.raise)
+			}
+		})
+	}
+}
+
+// A run too long for a time.Duration to add to its start (2562047h47m16s
+// is the most one holds) runs to the trace's end and does not complete.
+func TestRunLongestRun(t *testing.T) {
+	tr := mustParse(t, `gpu: {memoryTotalBytes: 10737418240}
+initialReplicas: 1
+duration: 300s
+pods:
+  - {name: z, arrive: 0s, run: 100s, memory: [[0s, 1]]}
+  - {name: a, arrive: 1s, run: 2562047h47m16s, memory: [[0s, 1], [2562047h, 2]]}
+`)
+	r := mustRun(t, tr, Static{1})
+	// a waits 1-100 s and holds its replica 100-300 s.
+	if r.PodSecondsRunning != 300 || r.PodsCompleted != 1 || r.PodSecondsPending != 99 {
+		t.Errorf("running %v pod-s, %d completed, pending %v; want 300, 1 (z), 99", r.PodSecondsRunning, r.PodsCompleted, r.PodSecondsPending)
+	}
+}
+
+// evictAt evicts a container, and sets a count, at given instants.
+type evictAt struct {
+	start int
+	at    map[time.Duration]policy.Decision
+}
+
+func (e evictAt) Name() string         { return "evict" }
+func (e evictAt) Start(int) int        { return e.start }
+func (evictAt) Tick() time.Duration    { return 15 * time.Second }
+func (evictAt) History() time.Duration { return time.Minute }
+func (e evictAt) Decide(obs policy.Observation) policy.Decision {
+	if d, ok := e.at[obs.Now.Sub(Epoch)]; ok {
+		return d
+	}
+	return policy.Decision{Replicas: obs.CurrentReplicas}
+}
+
+// podSecondsLost is work thrown away by OOMs plus the restart waits
+// (docs/tuner-policy.md, "The replay"): an eviction in a restart wait ends
+// that wait, and the time after it is pending, not lost; an eviction of a
+// running attempt throws that attempt away. Lost time is always time the
+// pod held its replica.
+func TestLostWithEviction(t *testing.T) {
+	// crash fails at 20 s (6 + 6 > 10 GiB), restarts at 50 s, fails again
+	// at 70 s and would restart at 100 s.
+	tr := mustParse(t, `gpu: {memoryTotalBytes: 10737418240}
+initialReplicas: 2
+duration: 600s
+pods:
+  - {name: svc, arrive: 0s, run: 600s, memory: [[0s, 6442450944]]}
+  - {name: crash, arrive: 0s, run: 600s, memory: [[0s, 1073741824], [20s, 6442450944]]}
+`)
+	evict := func(at time.Duration) evictAt {
+		// The count goes to 1 with the eviction, so crash waits to the end.
+		return evictAt{start: 2, at: map[time.Duration]policy.Decision{at: {Replicas: 1, Reason: "Scripted",
+			CrashLoops: []policy.CrashLoop{{Container: "crash", Evict: true}}}}}
+	}
+	tests := []struct {
+		name                   string
+		at                     time.Duration
+		lost, running, pending float64
+	}{
+		// 20 + 30 for the first OOM, 20 for the second and 5 s of its wait.
+		{"in the restart wait", 75 * time.Second, 20 + 30 + 20 + 5, 600 + 75, 600 - 75},
+		// 20 + 30 for the first OOM, then the 10 s of the attempt from 50 s.
+		{"while running", 60 * time.Second, 20 + 30 + 10, 600 + 60, 600 - 60},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustRun(t, tr, evict(tc.at))
+			got := []any{r.Evictions, r.PodSecondsLost, r.PodSecondsRunning, r.PodSecondsPending}
+			want := []any{1, tc.lost, tc.running, tc.pending}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("[evictions lost running pending] (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// A change decided within its apply latency of the trace's end: its
+// latency and blackout are charged up to the end only, and finalReplicas
+// is the count it chose, as minReplicas and the changes say.
+func TestChangeInFlightAtTheEnd(t *testing.T) {
+	tr := mustParse(t, `gpu: {memoryTotalBytes: 10737418240}
+initialReplicas: 2
+duration: 65s
+pods:
+  - {name: a, arrive: 0s, run: 65s, memory: [[0s, 1073741824]]}
+`)
+	// restart mode: 11 s from the decision to the new count, all of it
+	// blacked out; the trace ends 5 s after the decision at 60 s.
+	r := mustRunIn(t, tr, &scripted{start: 2, at: map[time.Duration]int{60 * time.Second: 1}}, policy.ModeRestart)
+	got := []any{r.ReplicaChanges, r.MinReplicas, r.FinalReplicas, r.ApplyLatencySeconds, r.BlackoutSeconds}
+	want := []any{1, 1, 1, 5.0, 5.0}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("[changes min final latency blackout] (-want +got):\n%s", diff)
+	}
+}

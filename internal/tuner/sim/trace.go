@@ -1,9 +1,11 @@
 package sim
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -49,26 +51,54 @@ type MemoryStep struct {
 	Bytes uint64
 }
 
-// UnmarshalYAML reads the `[offset, bytes]` form.
+// UnmarshalYAML reads the `[offset, bytes]` form. ParseTrace reads steps
+// itself (parseStep), to name the pod and step of a bad one; this serves
+// callers that decode a step alone.
 func (m *MemoryStep) UnmarshalYAML(n *yaml.Node) error {
+	step, problem := parseStep(n)
+	if problem != "" {
+		return fmt.Errorf("line %d: %s", n.Line, problem)
+	}
+	*m = step
+	return nil
+}
+
+// parseStep reads one `[offset, bytes]` step, or says what is wrong with it.
+func parseStep(n *yaml.Node) (MemoryStep, string) {
+	var m MemoryStep
 	if n.Kind != yaml.SequenceNode || len(n.Content) != 2 {
-		return fmt.Errorf("line %d: a memory step is [offset, bytes], e.g. [2h, 6442450944]", n.Line)
+		return m, "a memory step is [offset, bytes], e.g. [2h, 6442450944]"
 	}
 	if err := n.Content[0].Decode(&m.At); err != nil {
-		return fmt.Errorf("line %d: memory step offset %q is not a duration such as 90s or 2h", n.Line, n.Content[0].Value)
+		return m, fmt.Sprintf("offset %q is not a duration such as 90s or 2h", n.Content[0].Value)
 	}
-	if err := n.Content[1].Decode(&m.Bytes); err != nil {
-		return fmt.Errorf("line %d: memory step bytes %q is not a whole number of bytes", n.Line, n.Content[1].Value)
+	b, ok := wholeNumber(n.Content[1], math.MaxUint64)
+	if !ok {
+		return m, fmt.Sprintf("bytes %q is not a whole number of bytes from 0 to %d", n.Content[1].Value, uint64(math.MaxUint64))
 	}
-	return nil
+	m.Bytes = b
+	return m, ""
+}
+
+// wholeNumber reads n as a YAML integer from 0 to most. yaml.v3 decodes a
+// float into an integer field without complaint, 0.9 as 0 and -1.0 into a
+// uint64 as 2^63 or more: a slip in a size must not become another size.
+func wholeNumber(n *yaml.Node, most uint64) (uint64, bool) {
+	var v uint64
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || n.Decode(&v) != nil || v > most {
+		return 0, false
+	}
+	return v, true
 }
 
 // The file's shape; pointers tell a missing field from a zero one.
 type traceFile struct {
+	// Numbers are nodes so that wholeNumber reads them (yaml.v3 would take
+	// a float for an integer); a missing or null one is absent (absent).
 	GPU *struct {
-		MemoryTotalBytes *uint64 `yaml:"memoryTotalBytes"`
+		MemoryTotalBytes yaml.Node `yaml:"memoryTotalBytes"`
 	} `yaml:"gpu"`
-	InitialReplicas *int           `yaml:"initialReplicas"`
+	InitialReplicas yaml.Node      `yaml:"initialReplicas"`
 	Duration        *time.Duration `yaml:"duration"`
 	Pods            []podFile      `yaml:"pods"`
 	// Sharing is optional (added with MPS): old traces are time-sliced.
@@ -79,7 +109,9 @@ type podFile struct {
 	Name   *string        `yaml:"name"`
 	Arrive *time.Duration `yaml:"arrive"`
 	Run    *time.Duration `yaml:"run"`
-	Memory []MemoryStep   `yaml:"memory"`
+	// Memory's steps are read by parseStep, in ParseTrace, to name the pod
+	// and the step of a bad one.
+	Memory []yaml.Node `yaml:"memory"`
 	// Workload is optional (added after the first traces): old traces stay
 	// valid, each pod the workload its name's stem names (NameStem).
 	Workload *string `yaml:"workload"`
@@ -105,20 +137,42 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 		return fmt.Errorf("%w: %s: %s", ErrInvalidTrace, where, fmt.Sprintf(format, args...))
 	}
 	var f traceFile
-	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
 		return nil, fail(0, "empty trace")
 	} else if err != nil {
 		return nil, fail(0, "%v", err)
 	}
-	podLines := podLines(data)
+	// yaml.v3 reads one document at a time: what follows a `---` would be
+	// dropped unread, pods and all.
+	for {
+		var more yaml.Node
+		err := dec.Decode(&more)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fail(0, "after the first YAML document: %v (a trace is one document)", err)
+		}
+		if !emptyDocument(&more) {
+			return nil, fail(more.Line, "a second YAML document: a trace is one document (put every pod in its one pods list)")
+		}
+	}
+	items := podItems(data)
+	for i, item := range items {
+		// yaml.v3 leaves a null item out of the pods it decodes: every pod
+		// after it would be named by the wrong index and line.
+		if absent(item) {
+			return nil, fail(item.Line, "pods[%d]: empty item (a pod is a mapping of name, arrive, run and memory)", i)
+		}
+	}
 
 	var missing []string
-	if f.GPU == nil || f.GPU.MemoryTotalBytes == nil {
+	if f.GPU == nil || absent(&f.GPU.MemoryTotalBytes) {
 		missing = append(missing, "gpu.memoryTotalBytes")
 	}
-	if f.InitialReplicas == nil {
+	if absent(&f.InitialReplicas) {
 		missing = append(missing, "initialReplicas")
 	}
 	if f.Duration == nil {
@@ -127,7 +181,16 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 	if len(missing) > 0 {
 		return nil, fail(0, "missing %s", strings.Join(missing, ", "))
 	}
-	tr := &Trace{MemoryTotalBytes: *f.GPU.MemoryTotalBytes, InitialReplicas: *f.InitialReplicas, Duration: *f.Duration}
+	total, ok := wholeNumber(&f.GPU.MemoryTotalBytes, math.MaxUint64)
+	if !ok {
+		return nil, fail(f.GPU.MemoryTotalBytes.Line, "gpu.memoryTotalBytes %q is not a whole number of bytes from 0 to %d",
+			f.GPU.MemoryTotalBytes.Value, uint64(math.MaxUint64))
+	}
+	replicas, ok := wholeNumber(&f.InitialReplicas, math.MaxInt)
+	if !ok {
+		return nil, fail(f.InitialReplicas.Line, "initialReplicas %q is not a whole number from 1 to %d", f.InitialReplicas.Value, math.MaxInt)
+	}
+	tr := &Trace{MemoryTotalBytes: total, InitialReplicas: int(replicas), Duration: *f.Duration}
 	switch {
 	case tr.MemoryTotalBytes == 0:
 		return nil, fail(0, "gpu.memoryTotalBytes must be > 0")
@@ -145,8 +208,8 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 	seen := map[string]int{}
 	for i, p := range f.Pods {
 		line := 0
-		if i < len(podLines) {
-			line = podLines[i]
+		if i < len(items) {
+			line = items[i].Line
 		}
 		where := fmt.Sprintf("pods[%d]", i)
 		if p.Name != nil {
@@ -172,13 +235,21 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 		if *p.Run <= 0 {
 			return nil, fail(line, "%s: run must be > 0, got %s", where, *p.Run)
 		}
-		if p.Memory[0].At != 0 {
-			return nil, fail(line, "%s: memory[0] must start at 0s, got %s", where, p.Memory[0].At)
+		memory := make([]MemoryStep, len(p.Memory))
+		for k := range p.Memory {
+			step, problem := parseStep(&p.Memory[k])
+			if problem != "" {
+				return nil, fail(p.Memory[k].Line, "%s: memory[%d]: %s", where, k, problem)
+			}
+			memory[k] = step
 		}
-		for k := 1; k < len(p.Memory); k++ {
-			if p.Memory[k].At <= p.Memory[k-1].At {
+		if memory[0].At != 0 {
+			return nil, fail(line, "%s: memory[0] must start at 0s, got %s", where, memory[0].At)
+		}
+		for k := 1; k < len(memory); k++ {
+			if memory[k].At <= memory[k-1].At {
 				return nil, fail(line, "%s: memory[%d] at %s is not after memory[%d] at %s (steps must be in increasing order)",
-					where, k, p.Memory[k].At, k-1, p.Memory[k-1].At)
+					where, k, memory[k].At, k-1, memory[k-1].At)
 			}
 		}
 		wl := NameStem(*p.Name)
@@ -188,14 +259,14 @@ func ParseTrace(name string, data []byte) (*Trace, error) {
 			}
 			wl = *p.Workload
 		}
-		tr.Pods = append(tr.Pods, Pod{Name: *p.Name, Arrive: *p.Arrive, Run: *p.Run, Memory: p.Memory, Workload: wl})
+		tr.Pods = append(tr.Pods, Pod{Name: *p.Name, Arrive: *p.Arrive, Run: *p.Run, Memory: memory, Workload: wl})
 	}
 	return tr, nil
 }
 
-// podLines returns the line of each item of the top-level pods list, for
-// errors; the typed decode has already checked the document parses.
-func podLines(data []byte) []int {
+// podItems returns the items of the top-level pods list, for their lines;
+// the typed decode has already checked the document parses.
+func podItems(data []byte) []*yaml.Node {
 	var root yaml.Node
 	if yaml.Unmarshal(data, &root) != nil || len(root.Content) == 0 {
 		return nil
@@ -203,14 +274,19 @@ func podLines(data []byte) []int {
 	doc := root.Content[0]
 	for i := 0; i+1 < len(doc.Content); i += 2 {
 		if doc.Content[i].Value == "pods" {
-			var lines []int
-			for _, item := range doc.Content[i+1].Content {
-				lines = append(lines, item.Line)
-			}
-			return lines
+			return doc.Content[i+1].Content
 		}
 	}
 	return nil
+}
+
+// absent says whether a field read as a node was left out or left empty.
+func absent(n *yaml.Node) bool { return n.Kind == 0 || n.ShortTag() == "!!null" }
+
+// emptyDocument says whether a YAML document holds nothing: what a
+// trailing `---`, or one followed by comments only, reads as.
+func emptyDocument(n *yaml.Node) bool {
+	return len(n.Content) == 0 || (len(n.Content) == 1 && absent(n.Content[0]))
 }
 
 // genSuffix is the alphabet of the random suffix Kubernetes gives a name

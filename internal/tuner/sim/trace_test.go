@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"gopkg.in/yaml.v3"
 )
 
 func TestParseTrace(t *testing.T) {
@@ -118,9 +119,31 @@ func TestParseTraceErrors(t *testing.T) {
 		c("steps out of order", pod("arrive: 0s, run: 1m, memory: [[0s, 1], [2m, 2], [1m, 3]]"),
 			"memory[2] at 1m0s is not after memory[1] at 2m0s"),
 		c("repeated step", pod("arrive: 0s, run: 1m, memory: [[0s, 1], [0s, 2]]"), "memory[1] at 0s is not after memory[0] at 0s"),
-		c("step not a pair", pod("arrive: 0s, run: 1m, memory: [[0s]]"), "line 5", "a memory step is [offset, bytes]"),
-		c("step offset not a duration", pod("arrive: 0s, run: 1m, memory: [[soon, 1]]"), `memory step offset "soon" is not a duration`),
-		c("negative bytes", pod("arrive: 0s, run: 1m, memory: [[0s, -1]]"), `memory step bytes "-1" is not a whole number`),
+		c("step not a pair", pod("arrive: 0s, run: 1m, memory: [[0s]]"), "inline.yaml:5", "pods[0] (p): memory[0]: a memory step is [offset, bytes]"),
+		c("step offset not a duration", pod("arrive: 0s, run: 1m, memory: [[soon, 1]]"), `pods[0] (p): memory[0]: offset "soon" is not a duration`),
+		c("negative bytes", pod("arrive: 0s, run: 1m, memory: [[0s, -1]]"), `pods[0] (p): memory[0]: bytes "-1" is not a whole number`),
+		// yaml.v3 would decode a float into the uint64: -1.0 as 2^63 or
+		// more, 0.9 as 0.
+		c("negative float bytes", pod("arrive: 0s, run: 1m, memory: [[0s, 1], [5s, -1.0]]"), "inline.yaml:5",
+			`pods[0] (p): memory[1]: bytes "-1.0" is not a whole number of bytes`),
+		c("fractional bytes", pod("arrive: 0s, run: 1m, memory: [[0s, 0.9]]"), `pods[0] (p): memory[0]: bytes "0.9" is not a whole number`),
+		c("bytes in float notation", pod("arrive: 0s, run: 1m, memory: [[0s, 4.5e9]]"), `memory[0]: bytes "4.5e9" is not a whole number`),
+		c("bytes past 2^64", pod("arrive: 0s, run: 1m, memory: [[0s, 99999999999999999999999]]"), `memory[0]: bytes "99999999999999999999999" is not a whole number`),
+		c("null step", pod("arrive: 0s, run: 1m, memory: [[0s, 1], ~]"), "pods[0] (p): memory[1]: a memory step is [offset, bytes]"),
+		c("step on its own line", head+"  - name: p\n    arrive: 0s\n    run: 1m\n    memory:\n      - [0s, 1]\n      - [1s, 2.5]\n",
+			"inline.yaml:10", `pods[0] (p): memory[1]: bytes "2.5"`),
+		c("fractional GPU memory", "gpu: {memoryTotalBytes: 1.0e10}\ninitialReplicas: 2\nduration: 1h\npods: []\n",
+			"inline.yaml:1", `gpu.memoryTotalBytes "1.0e10" is not a whole number`),
+		c("fractional replicas", "gpu: {memoryTotalBytes: 5}\ninitialReplicas: 2.5\nduration: 1h\npods: []\n",
+			"inline.yaml:2", `initialReplicas "2.5" is not a whole number`),
+		// yaml.v3 leaves a null item out of the decoded list: the pods
+		// after it would be named by another index and line.
+		c("null pod", head+"  -\n  - {name: a, arrive: 0s, run: 1m, memory: [[0s, 1]]}\n  - {name: b, arrive: 0s, run: -1s, memory: [[0s, 1]]}\n",
+			"inline.yaml:5", "pods[0]: empty item"),
+		c("second document", pod("arrive: 0s, run: 1m, memory: [[0s, 1]]")+"---\npods: [{name: q, arrive: 0s, run: 1m, memory: [[0s, 1]]}]\n",
+			"inline.yaml:6", "a second YAML document"),
+		c("second document that does not parse", pod("arrive: 0s, run: 1m, memory: [[0s, 1]]")+"---\ngarbage: [1,2\n",
+			"after the first YAML document", "yaml: line"),
 		c("duplicate name", head+"  - {name: p, arrive: 0s, run: 1m, memory: [[0s, 1]]}\n  - {name: p, arrive: 0s, run: 1m, memory: [[0s, 1]]}\n",
 			"inline.yaml:6", "pods[1] (p): name already used by pods[0]"),
 	}
@@ -155,6 +178,39 @@ func TestShippedTracesParse(t *testing.T) {
 		tr := mustRead(t, name)
 		if len(tr.Pods) == 0 {
 			t.Errorf("%s: no pods", name)
+		}
+	}
+}
+
+// What the stricter reading still takes: a trailing `---` (an empty second
+// document drops nothing) and every whole number of bytes a uint64 holds.
+func TestParseTraceAccepts(t *testing.T) {
+	const body = "gpu: {memoryTotalBytes: 18446744073709551615}\ninitialReplicas: 2\nduration: 1h\npods:\n" +
+		"  - {name: p, arrive: 0s, run: 1m, memory: [[0s, 0], [1s, 18446744073709551615]]}\n"
+	for name, doc := range map[string]string{
+		"one document":      body,
+		"a trailing ---":    body + "---\n",
+		"--- then comments": body + "---\n# nothing here\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			tr := mustParse(t, doc)
+			if tr.MemoryTotalBytes != 1<<64-1 || tr.Pods[0].Memory[1].Bytes != 1<<64-1 {
+				t.Errorf("total %d, step %+v", tr.MemoryTotalBytes, tr.Pods[0].Memory)
+			}
+		})
+	}
+}
+
+// A step decoded on its own (MemoryStep's UnmarshalYAML) is held to the
+// same whole number of bytes.
+func TestMemoryStepUnmarshal(t *testing.T) {
+	var m MemoryStep
+	if err := yaml.Unmarshal([]byte("[2h, 6442450944]"), &m); err != nil || m != (MemoryStep{2 * time.Hour, 6 * GiB}) {
+		t.Errorf("got %+v, %v", m, err)
+	}
+	for _, bad := range []string{"[0s, 0.9]", "[0s, -1.0]", "[0s, -1]", "[0s]"} {
+		if err := yaml.Unmarshal([]byte(bad), &m); err == nil {
+			t.Errorf("%s: accepted as %+v", bad, m)
 		}
 	}
 }
