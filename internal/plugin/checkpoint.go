@@ -42,9 +42,15 @@ type checkpointKey struct {
 // so PodResources then tells when it is released, and the entry counts no
 // more. Only the entries PodResources never lists (those of init containers,
 // of pods too short for one read, of pods ended while the plugin was not
-// running) stand on the checkpoint alone, and may keep an ID advertised
-// beyond a lowered count until the kubelet's next allocation prunes them:
-// the safe way to err.
+// running) stand on the checkpoint alone, and the kubelet prunes them only
+// at its next allocation, which on a quiet node may never come. Kept for
+// as long, a 5-second job's ID would stay advertised beyond a lowered
+// count, the node's allocatable would stay above what the tuner expects,
+// and its verification would fail and hold the node for an hour. So such
+// an entry counts for Options.CheckpointHold (2 minutes) after the plugin
+// first read it: an init container's ID is kept through a shrink in its
+// first minutes, which covers the common init container that fetches a
+// model and ends, not one that holds a GPU longer.
 
 // kubeletCheckpoint is the part of the checkpoint file the plugin reads:
 // devicemanager/checkpoint.Data, JSON of {"Data": {"PodDeviceEntries":

@@ -129,6 +129,21 @@ func TestInitContainerIDKeptThroughShrink(t *testing.T) {
 	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
 }
 
+// An entry no PodResources answer vouches for counts for CheckpointHold
+// only: the kubelet prunes it at its next allocation, which on a quiet node
+// may never come, and kept for ever a short job's ID would hold the node's
+// allocatable above a lowered count.
+func TestUnvouchedCheckpointEntryHeldForALimitedTime(t *testing.T) {
+	h := start(t, setup{config: config(4), gpus: twoSpecs(), pods: true})
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 4), ids(uuid1, 0, 4)))
+	writeKubeletCheckpoint(t, h.kubelet.dir,
+		checkpointEntry{PodUID: "uid-short", Container: "main", Resource: gpuRes, IDs: []string{rid(uuid0, 3)}})
+	h.writeConfig(config(2))
+	h.kubelet.waitList(gpuRes, want(rid(uuid0, 0), rid(uuid0, 3), ids(uuid1, 0, 2)))
+	h.clock.Advance(h.plugin.o.CheckpointHold)
+	h.kubelet.waitList(gpuRes, want(ids(uuid0, 0, 2), ids(uuid1, 0, 2)))
+}
+
 // An entry PodResources has listed is vouched for: when its pod ends,
 // PodResources' word frees the ID though the kubelet's checkpoint keeps the
 // entry until its next allocation.

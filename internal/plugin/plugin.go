@@ -66,6 +66,10 @@ type Options struct {
 	// lists ended pods until the kubelet's next allocation, and this
 	// process's own allocations, for 3 HeldIntervals + 1 min after each.
 	PodResources Lister
+	// CheckpointHold is how long an ID the kubelet's checkpoint lists and
+	// no PodResources answer has is kept advertised after a shrink;
+	// default 2 minutes (checkpoint.go says why it is bounded).
+	CheckpointHold time.Duration
 	// KubeletCheckpoint is the kubelet's device-manager checkpoint, read
 	// for the IDs of init containers, which PodResources leaves out
 	// (checkpoint.go); default <directory of KubeletSocket>/
@@ -147,6 +151,9 @@ type Plugin struct {
 	// vouched the entries' IDs one has (checkpoint.go).
 	checkpointHeld []held
 	vouched        map[checkpointKey]bool
+	// unvouchedSince is when each entry no answer has vouched for was
+	// first read: it counts for CheckpointHold from then (checkpoint.go).
+	unvouchedSince map[checkpointKey]time.Time
 	// checkpointErr is why the checkpoint could not be read last, so
 	// that each reason is logged once.
 	checkpointErr string
@@ -203,6 +210,9 @@ func New(o Options) (*Plugin, error) {
 	if o.RecoveryInterval == 0 {
 		o.RecoveryInterval = time.Minute
 	}
+	if o.CheckpointHold <= 0 {
+		o.CheckpointHold = 2 * time.Minute
+	}
 	if o.RestartGrace <= 0 {
 		o.RestartGrace = 2 * time.Minute
 	}
@@ -220,13 +230,14 @@ func New(o Options) (*Plugin, error) {
 	}
 	p := &Plugin{
 		o: o, log: o.Logger,
-		health:   newHealthTracker(o.RecoveryInterval, o.Logger),
-		recent:   map[held]time.Time{},
-		vouched:  map[checkpointKey]bool{},
-		retiring: map[held]time.Time{},
-		warned:   map[string]bool{},
-		servers:  map[string]*resourceServer{},
-		changed:  make(chan struct{}),
+		health:         newHealthTracker(o.RecoveryInterval, o.Logger),
+		recent:         map[held]time.Time{},
+		vouched:        map[checkpointKey]bool{},
+		unvouchedSince: map[checkpointKey]time.Time{},
+		retiring:       map[held]time.Time{},
+		warned:         map[string]bool{},
+		servers:        map[string]*resourceServer{},
+		changed:        make(chan struct{}),
 
 		mpsDown:  map[string]error{},
 		mpsGiven: map[held]uint64{},
@@ -510,17 +521,26 @@ func (p *Plugin) setCheckpointLocked(a heldAnswer, answered bool) bool {
 	}
 	vouched := map[checkpointKey]bool{}
 	unvouched := map[held]bool{}
+	since := map[checkpointKey]time.Time{}
+	now := p.o.Now()
 	for _, e := range a.checkpoint {
 		for _, id := range e.IDs {
 			k := checkpointKey{podUID: e.PodUID, container: e.Container, held: held{ID: id, Resource: e.Resource}}
 			if p.vouched[k] || listed[k.held] {
 				vouched[k] = true
-			} else {
+				continue
+			}
+			first, seen := p.unvouchedSince[k]
+			if !seen {
+				first = now
+			}
+			since[k] = first
+			if now.Sub(first) < p.o.CheckpointHold {
 				unvouched[k.held] = true
 			}
 		}
 	}
-	p.vouched = vouched
+	p.vouched, p.unvouchedSince = vouched, since
 	ids := sortedHeld(maps.Keys(unvouched))
 	changed := !slices.Equal(ids, p.checkpointHeld)
 	p.checkpointHeld = ids
