@@ -81,7 +81,10 @@ func (a configManagerApplier) payRestart(ctx context.Context, now time.Time, cm 
 				used[i])
 		}
 	default:
-		if err := c.restartDaemonSet(ctx, at.UTC().Format(time.RFC3339)); err != nil {
+		// A restart made once the rewritten configs could reach every
+		// node's volume (apply.propagationDelay after the write) read
+		// them; one made before may not have.
+		if err := c.restartDaemonSet(ctx, at.UTC().Format(time.RFC3339), at.Add(c.cfg.Apply.PropagationDelay)); err != nil {
 			c.log.Error("restarting the device plugin for rewritten configs failed; retrying next round", "err", err, "keys", keys)
 			return
 		}

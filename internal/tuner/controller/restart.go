@@ -129,7 +129,7 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 	where := fmt.Sprintf("ConfigMap %s key %q, DaemonSet %s restarted", ref, c.cfg.Apply.Key, c.cfg.Apply.DaemonSet)
 	newFile, err := a.writeKey(ctx, cur, d.Replicas, stamp)
 	if err == nil && !c.cfg.DryRun {
-		if rerr := c.restartDaemonSet(ctx, stamp); rerr != nil {
+		if rerr := c.restartDaemonSet(ctx, stamp, time.Time{}); rerr != nil {
 			err = fmt.Errorf("the key is written, the restart failed (retried next round): %w", rerr)
 			// The change is in the key, and is told as such, but not as
 			// a restart that did not happen.
@@ -238,5 +238,5 @@ func (a restartApplier) restartIfOwed(ctx context.Context, lastChange time.Time)
 	}
 	c.log.Warn("the device plugin has not been restarted since the key last changed; restarting it", "daemonset", ref.String(),
 		"lastChange", lastChange.UTC().Format(time.RFC3339))
-	return c.restartDaemonSet(ctx, lastChange.UTC().Format(time.RFC3339))
+	return c.restartDaemonSet(ctx, lastChange.UTC().Format(time.RFC3339), time.Time{})
 }

@@ -123,10 +123,13 @@ func (c *Controller) updateConfigMap(ctx context.Context, change func(*corev1.Co
 // plugin's DaemonSet, stamped with the given time: a patch of one pod
 // template annotation, which leaves the rest of the DaemonSet as it is and
 // needs no precondition (the same stamp twice is the same restart). A
-// restart stamped at that time or later (an operator's `kubectl rollout
-// restart`, or this tuner's) has been made already: stamped back to an
-// older time, every plugin pod would restart once more for nothing.
-func (c *Controller) restartDaemonSet(ctx context.Context, stamp string) error {
+// restart stamped at madeSince or later (an operator's `kubectl rollout
+// restart`, say) is one made already, when madeSince is not zero: stamped
+// back to an older time, every plugin pod would restart once more for
+// nothing. Only a restart owed for configs rewritten long enough ago sets
+// it (payRestart): right after a write, a stamp from another machine's
+// clock running ahead must not pass for a restart that read the write.
+func (c *Controller) restartDaemonSet(ctx context.Context, stamp string, madeSince time.Time) error {
 	ref := c.cfg.Apply.DaemonSet
 	dss := c.client.AppsV1().DaemonSets(ref.Namespace)
 	ds, err := dss.Get(ctx, ref.Name, metav1.GetOptions{})
@@ -137,10 +140,8 @@ func (c *Controller) restartDaemonSet(ctx context.Context, stamp string) error {
 	if have == stamp {
 		return nil
 	}
-	if at, err := time.Parse(time.RFC3339, have); err == nil {
-		if want, err := time.Parse(time.RFC3339, stamp); err == nil && !at.Before(want) {
-			return nil
-		}
+	if at, err := time.Parse(time.RFC3339, have); err == nil && !madeSince.IsZero() && !at.Before(madeSince) {
+		return nil
 	}
 	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"template": map[string]any{
 		"metadata": map[string]any{"annotations": map[string]string{AnnotationRestartedAt: stamp}}}}})
