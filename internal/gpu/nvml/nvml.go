@@ -797,7 +797,7 @@ type xidGPU struct {
 // on every GPU that supports them. It returns nil when none does.
 func (b *Backend) registerXidEvents() *xidReader {
 	r := &xidReader{stop: make(chan struct{}), done: make(chan struct{})}
-	if !b.makeXidSet(r) {
+	if !b.makeXidSet(r, b.log) {
 		return nil
 	}
 	return r
@@ -805,22 +805,23 @@ func (b *Backend) registerXidEvents() *xidReader {
 
 // makeXidSet gives r a new event set with Xid critical errors registered
 // on every GPU that supports them, and says whether any does (when none
-// does, the set is freed and r left as it was).
-func (b *Backend) makeXidSet(r *xidReader) bool {
+// does, the set is freed and r left as it was). What it cannot register is
+// logged to log.
+func (b *Backend) makeXidSet(r *xidReader, log *slog.Logger) bool {
 	set, ret := b.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
-		b.log.Warn("nvml: cannot create an event set; Xid errors will not be counted", "error", ret.Error())
+		log.Warn("nvml: cannot create an event set; Xid errors will not be counted", "error", ret.Error())
 		return false
 	}
 	n, ret := b.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		b.log.Warn("nvml: cannot count GPUs; Xid errors will not be counted", "error", ret.Error())
+		log.Warn("nvml: cannot count GPUs; Xid errors will not be counted", "error", ret.Error())
 		b.freeUnused(set)
 		return false
 	}
 	gpus, byDevice := make(map[string]int), make(map[nvml.Device]xidGPU)
 	for i := range n {
-		log := b.log.With("gpu", i)
+		log := log.With("gpu", i)
 		h, ret := b.lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
 			log.Warn("nvml: cannot get GPU handle; its Xid errors will not be counted", "error", ret.Error())
@@ -885,6 +886,7 @@ func (b *Backend) readXidEvents(r *xidReader) {
 	defer close(r.done)
 	timeoutMs := b.xidTimeoutMs
 	logged := nvml.SUCCESS
+	var remade time.Time
 	for {
 		select {
 		case <-r.stop:
@@ -905,8 +907,9 @@ func (b *Backend) readXidEvents(r *xidReader) {
 			b.log.Warn("nvml: waiting for Xid events failed", "error", ret.Error())
 			logged = ret
 		}
-		if ret == nvml.ERROR_GPU_IS_LOST {
+		if ret == nvml.ERROR_GPU_IS_LOST && time.Since(remade) >= xidRemakeEvery {
 			b.remakeXidSet(r)
+			remade = time.Now()
 		}
 		// Some failures return at once; waiting before the next try
 		// keeps a broken event set from spinning a CPU.
@@ -918,12 +921,19 @@ func (b *Backend) readXidEvents(r *xidReader) {
 	}
 }
 
+// xidRemakeEvery is how often a set whose waits fail with
+// ERROR_GPU_IS_LOST is made again: a GPU that fell off the bus stays lost
+// until the node is fixed, and each try lists every GPU.
+const xidRemakeEvery = 30 * time.Second
+
 // remakeXidSet replaces r's event set by a new one on the GPUs that still
 // answer; r's goroutine calls it, the only one waiting on the set, so the
 // old set may be freed. When no GPU can be registered the old set stays.
 func (b *Backend) remakeXidSet(r *xidReader) {
 	old := r.set
-	if !b.makeXidSet(r) {
+	// Tried again every xidRemakeEvery while the GPU stays lost: what
+	// cannot be registered was said when the wait first failed.
+	if !b.makeXidSet(r, slog.New(slog.DiscardHandler)) {
 		return
 	}
 	if ret := old.Free(); ret != nvml.SUCCESS {
