@@ -208,6 +208,14 @@ func TestPartialLines(t *testing.T) {
 			at:     time.Second,
 		},
 		{
+			// Cut at containerd's line length: the rest of the line is
+			// still to come, and the line is matched whole.
+			name:   "a line cut at the runtime's length waits for its end",
+			writes: []string{cri(time.Second, "stderr", "P", head+tail+strings.Repeat(" ", 16<<10-len(head+tail))), "", cri(time.Second, "stderr", "F", "(PID 42)")},
+			want:   []int{0, 0, 1},
+			at:     time.Second,
+		},
+		{
 			name:   "a start that does not match waits for its end",
 			writes: []string{cri(time.Second, "stderr", "P", head), "", "", cri(time.Second, "stderr", "F", tail)},
 			want:   []int{0, 0, 0, 1},

@@ -74,7 +74,14 @@ type partial struct {
 	// flushed: matched as it stands since it last grew (flushPartials);
 	// counted: a flush counted it, so its end does not count it again.
 	flushed, counted bool
+	// last is the length of its last P line's text.
+	last int
 }
+
+// criCutBytes is the length at which containerd cuts a line into P lines
+// (its max_container_log_line_size default, 16 KiB): a P line this long
+// was cut, not ended.
+const criCutBytes = 16 << 10
 
 // scan is the state of one container during one Scan.
 type scan struct {
@@ -332,13 +339,15 @@ func (d *Detector) readStream(sc *scan, st *stream) bool {
 // end, each once as it stands, when nothing new came for them: the runtime
 // tags a process's last output P when it ends without a newline
 // (containerd's redirectLogs), and no F line follows it, ever. A P line the
-// runtime cut at its line length is followed by its F line at once, in
-// the same read. Matched early on its start, a line whose end comes after
-// all is counted once: its end is not matched again.
+// runtime cut at its line length (containerd's default 16 KiB) waits for
+// the rest of the line, which a slow writer may send minutes later: one
+// that long is left to wait, so that the line is matched whole. Matched
+// early on its start, a line whose end comes after all is counted once:
+// its end is not matched again.
 func (d *Detector) flushPartials(sc *scan, st *stream) {
 	for i := range st.parts {
 		p := &st.parts[i]
-		if !p.active || p.flushed {
+		if !p.active || p.flushed || p.last >= criCutBytes {
 			continue
 		}
 		p.flushed = true
@@ -546,7 +555,7 @@ func (d *Detector) line(sc *scan, st *stream, raw []byte) {
 		if !p.active {
 			p.active, p.ts, p.buf, p.counted = true, l.ts, p.buf[:0], false
 		}
-		p.flushed = false
+		p.flushed, p.last = false, len(l.text)
 		p.buf = append(p.buf, l.text...)
 		if len(p.buf) > maxLineBytes {
 			d.text(sc, st, p.ts, p.buf)
