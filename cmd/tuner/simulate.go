@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,8 +9,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/gpuslice/gpuslice/internal/tuner/config"
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
@@ -109,27 +106,9 @@ func simulateCommand(_ context.Context, args []string, stdout, stderr io.Writer)
 // runs), but it validates only the policy: a file whose controller sections
 // are incomplete for `run` still configures a replay.
 func readSimulateConfig(data []byte) (policy.Config, string, error) {
-	c := config.Default()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+	c, err := config.Decode(data)
+	if err != nil {
 		return policy.Config{}, "", err
-	}
-	// Decode reads one document; a second one (say, a policy section after
-	// a `---`) would be dropped without a word. An empty one, as a trailing
-	// `---` makes, drops nothing.
-	for {
-		var more yaml.Node
-		err := dec.Decode(&more)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return policy.Config{}, "", fmt.Errorf("after the first YAML document: %w", err)
-		}
-		if len(more.Content) > 1 || (len(more.Content) == 1 && more.Content[0].ShortTag() != "!!null") {
-			return policy.Config{}, "", fmt.Errorf("line %d: a second YAML document: tuner.yaml is one document", more.Line)
-		}
 	}
 	if err := c.Policy.Validate(); err != nil {
 		return policy.Config{}, "", err

@@ -252,11 +252,9 @@ func Load(path string) (Config, error) {
 
 // Parse reads a tuner.yaml document over Default and validates it.
 func Parse(data []byte) (Config, error) {
-	c := Default()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	c, err := Decode(data)
+	if err != nil {
+		return Config{}, err
 	}
 	if c.Interval == 0 {
 		c.Interval = c.Policy.SampleInterval
@@ -265,6 +263,33 @@ func Parse(data []byte) (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// Decode reads tuner.yaml over Default without validating it: unknown keys
+// are errors naming them and their line, and so is a second YAML document,
+// which a decoder reading one would drop without a word (a policy section
+// after a `---`, say); an empty one, as a trailing `---` makes, is not.
+// `simulate --config` uses it, checking only the policy section.
+func Decode(data []byte) (Config, error) {
+	c := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	for {
+		var more yaml.Node
+		err := dec.Decode(&more)
+		if errors.Is(err, io.EOF) {
+			return c, nil
+		}
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: after the first YAML document: %w", ErrInvalid, err)
+		}
+		if len(more.Content) > 1 || (len(more.Content) == 1 && more.Content[0].ShortTag() != "!!null") {
+			return Config{}, fmt.Errorf("%w: line %d: a second YAML document: tuner.yaml is one document", ErrInvalid, more.Line)
+		}
+	}
 }
 
 // configKey is a valid ConfigMap key.

@@ -62,6 +62,21 @@ func TestParse(t *testing.T) {
 			},
 		},
 		{
+			// run would drop it without a word, as simulate once did.
+			name: "a second document",
+			doc:  minimal + "---\npolicy: {maxReplicas: 1}\n",
+			errs: []string{"a second YAML document"},
+		},
+		{
+			name: "a trailing document separator",
+			doc:  minimal + "---\n",
+			check: func(t *testing.T, c Config) {
+				if c.Policy.MaxReplicas != policy.DefaultConfig().MaxReplicas {
+					t.Errorf("policy = %+v, want the defaults", c.Policy)
+				}
+			},
+		},
+		{
 			name: "restart mode",
 			doc: `
 interval: 1m
