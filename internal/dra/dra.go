@@ -147,7 +147,7 @@ type Slices interface {
 // for a kubelet that started again, whose first lists are empty until it
 // has read its pods back. The zero Instance otherwise.
 func (k Kubelet) Instance() podresources.Instance {
-	if i, ok := k.Lister.(interface{ Instance() podresources.Instance }); ok {
+	if i, ok := k.Lister.(podresources.InstanceTeller); ok {
 		return i.Instance()
 	}
 	return podresources.Instance{}

@@ -68,13 +68,6 @@ type Config struct {
 	KubeletRestartGrace time.Duration
 }
 
-// kubeletInstance is a Kubelet that tells which PodResources socket file
-// it is served on (*podresources.Client does): a new one is a kubelet
-// that started again.
-type kubeletInstance interface {
-	Instance() podresources.Instance
-}
-
 // Exporter is a prometheus.Collector.
 type Exporter struct {
 	cfg Config
@@ -322,7 +315,7 @@ func (e *Exporter) collectPodResources(sc *scrape) bool {
 // list names a container or KubeletRestartGrace has passed (a node whose
 // GPU pods did all end).
 func (e *Exporter) kubeletReady(allocs []podresources.Allocation) bool {
-	k, ok := e.cfg.Kubelet.(kubeletInstance)
+	k, ok := e.cfg.Kubelet.(podresources.InstanceTeller)
 	if !ok {
 		return true
 	}

@@ -54,7 +54,7 @@ type Lister interface {
 // it has read its pods back.
 type instanceLister interface {
 	Lister
-	Instance() podresources.Instance
+	podresources.InstanceTeller
 }
 
 // Options configure a Plugin. Backend and Source are required.

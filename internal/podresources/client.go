@@ -273,6 +273,12 @@ type Instance struct {
 	info fs.FileInfo
 }
 
+// InstanceTeller is a client that tells which socket file its kubelet
+// serves on (*Client does), so that its user can see the kubelet restart.
+type InstanceTeller interface {
+	Instance() Instance
+}
+
 // Same reports whether a and b are the same socket file: the same inode,
 // created at the same time (a recreated socket can reuse a freed inode
 // number, its modification time is new).
