@@ -581,6 +581,11 @@ func TestRenderedWorkloads(t *testing.T) {
 		if _, ok, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "runtimeClassName"); ok {
 			t.Errorf("%s: runtimeClassName set by default", ds)
 		}
+		// An exporter left Pending on a full node is a node the tuner
+		// cannot see.
+		if got, _, _ := unstructured.NestedString(ds.Object, "spec", "template", "spec", "priorityClassName"); got != "system-node-critical" {
+			t.Errorf("%s: priorityClassName %q, want system-node-critical", ds, got)
+		}
 		checkLocked(t, ds)
 		checkPort(t, ds, 9846)
 		// The kubelet restarts an exporter whose NVML broke: /healthz says so.
