@@ -46,9 +46,12 @@ type Container struct {
 // Usage is one container's use of one physical GPU.
 type Usage struct {
 	Container
-	GPUIndex      int
-	UUID          string
-	MemoryBytes   uint64
+	GPUIndex    int
+	UUID        string
+	MemoryBytes uint64
+	// MemoryUnknown is true when the driver gave the memory of one of its
+	// processes as not available: MemoryBytes is then a lower bound.
+	MemoryUnknown bool
 	SMUtilization float64 // sum over its processes, capped at 1
 	HasSM         bool    // at least one process had an SM sample
 	Processes     int
@@ -81,7 +84,9 @@ type MIGUsage struct {
 	UUID        string // the physical GPU
 	MIGUUID     string
 	MemoryBytes uint64
-	Processes   int
+	// MemoryUnknown is as Usage's.
+	MemoryUnknown bool
+	Processes     int
 }
 
 // ResourceGPU keys per-GPU, per-resource replica counts.
@@ -121,6 +126,9 @@ type Result struct {
 	// Unattributed is memory on each GPU (by UUID) held by processes that
 	// belong to no known pod container.
 	Unattributed map[string]uint64
+	// UnattributedUnknown holds the GPUs whose Unattributed figure is a
+	// lower bound: one of those processes' memory was not available.
+	UnattributedUnknown map[string]bool
 	// Holdings is sorted like Usage.
 	Holdings []Holding
 	// Replicas counts advertised replica IDs per GPU and resource.
@@ -150,9 +158,10 @@ type holdingKey struct {
 // reported as unattributed, never dropped.
 func Join(in Input) Result {
 	res := Result{
-		Unattributed: map[string]uint64{},
-		Replicas:     map[ResourceGPU]int{},
-		Allocated:    map[ResourceGPU]int{},
+		Unattributed:        map[string]uint64{},
+		UnattributedUnknown: map[string]bool{},
+		Replicas:            map[ResourceGPU]int{},
+		Allocated:           map[ResourceGPU]int{},
 	}
 
 	// Allocations first: they name containers that hold a GPU, which is also
@@ -237,6 +246,9 @@ func Join(in Input) Result {
 			}
 			if !ok {
 				res.Unattributed[d.UUID] += p.UsedMemoryBytes
+				if p.MemoryUnknown {
+					res.UnattributedUnknown[d.UUID] = true
+				}
 				continue
 			}
 			k := usageKey{uuid: d.UUID, c: c}
@@ -247,6 +259,7 @@ func Join(in Input) Result {
 				usage[k] = u
 			}
 			u.MemoryBytes += p.UsedMemoryBytes
+			u.MemoryUnknown = u.MemoryUnknown || p.MemoryUnknown
 			u.Processes++
 			if p.HasSMUtilization {
 				u.HasSM = true
@@ -266,6 +279,7 @@ func Join(in Input) Result {
 				migUsage[mk] = mu
 			}
 			mu.MemoryBytes += p.UsedMemoryBytes
+			mu.MemoryUnknown = mu.MemoryUnknown || p.MemoryUnknown
 			mu.Processes++
 		}
 		if _, ok := res.Unattributed[d.UUID]; !ok {

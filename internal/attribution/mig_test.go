@@ -180,3 +180,34 @@ func orEmpty(m map[ResourceGPU]int) map[ResourceGPU]int {
 	}
 	return m
 }
+
+// TestJoinMemoryNotAvailable: a process whose memory the driver does not
+// give makes its container's figures, on its GPU and its MIG device, and
+// its GPU's unattributed figure, lower bounds (MemoryUnknown); a
+// container beside it keeps its own.
+func TestJoinMemoryNotAvailable(t *testing.T) {
+	source := pods.NewStatic([]*corev1.Pod{mkPod("ml", "big", "u-big", "main"), mkPod("ml", "small", "u-small", "main")})
+	na := migProc(11, 0, 1, 0)
+	na.MemoryUnknown = true
+	host := migProc(30, 0, 2, 0)
+	host.MemoryUnknown = true
+	res := Join(Input{
+		Devices: []gpu.Device{migGPU(migProc(10, 3*gib, 1, 0), na, migProc(20, gib, 2, 0), host)},
+		Refs:    map[int]ProcessRef{10: ref("u-big", "main"), 11: ref("u-big", "main"), 20: ref("u-small", "main")},
+		Pods:    source,
+	})
+	unknown := map[string]bool{}
+	for _, u := range res.Usage {
+		unknown[u.Pod] = u.MemoryUnknown
+	}
+	for _, u := range res.MIGUsage {
+		unknown[u.Pod+" "+u.MIGUUID] = u.MemoryUnknown
+	}
+	want := map[string]bool{"big": true, "small": false, "big " + migA1: true, "small " + migA2: false}
+	if diff := cmp.Diff(want, unknown); diff != "" {
+		t.Errorf("MemoryUnknown by container (-want +got):\n%s", diff)
+	}
+	if !res.UnattributedUnknown[gpuA] {
+		t.Errorf("unattributed memory of %s not marked a lower bound: %v", gpuA, res.UnattributedUnknown)
+	}
+}

@@ -104,6 +104,9 @@ type Exporter struct {
 	// procfsFailing is the failure of /proc last logged, "" while it
 	// reads (logProcfs).
 	procfsFailing string
+	// memoryUnknown is whether the last scrape read a process whose memory
+	// the driver gave as not available (logMemoryUnknown).
+	memoryUnknown bool
 	// kubeletAt is the PodResources socket of the last answer read
 	// (kubeletSeen: there was one), and kubeletRestarted when a new one
 	// was seen, until an answer is trusted again (kubeletReady).
@@ -229,6 +232,7 @@ func (e *Exporter) collect() {
 	mps := e.splitMPS(sc)
 	sc.res = attribution.Join(sc.in)
 	emitAttribution(sc.em, sc.res, sc.index)
+	e.logMemoryUnknown(sc.in.Devices)
 	e.emitMPS(sc, mps)
 	e.collectIdle(sc)
 	e.energy.update(sc.in.Devices, sc.res, e.cfg.Now())
@@ -375,6 +379,30 @@ func (e *Exporter) logProcfs(err error) {
 		return
 	}
 	e.log.Warn("cannot read procfs; GPU processes count as unattributed", "procfs", e.cfg.Procfs, "err", err)
+}
+
+// logMemoryUnknown says when the driver starts and stops giving GPU
+// processes' memory as not available (N/A in nvidia-smi), which leaves
+// their containers' memory series out: a series missing for good would
+// otherwise look like an exporter fault.
+func (e *Exporter) logMemoryUnknown(devices []gpu.Device) {
+	n := 0
+	for _, d := range devices {
+		for _, p := range d.Processes {
+			if p.MemoryUnknown {
+				n++
+			}
+		}
+	}
+	if (n > 0) == e.memoryUnknown {
+		return
+	}
+	e.memoryUnknown = n > 0
+	if n == 0 {
+		e.log.Info("the driver gives every GPU process's memory again")
+		return
+	}
+	e.log.Warn("the driver gives GPU processes' memory as not available (N/A in nvidia-smi); the memory series of their containers, and of their GPUs' unattributed processes, are left out", "processes", n)
 }
 
 // procfsFailure names a failure to read /proc without the process it hit:

@@ -164,19 +164,28 @@ func emitAttribution(em emitter, r attribution.Result, index map[string]string) 
 	for i := range r.Usage {
 		u := &r.Usage[i]
 		idx := strconv.Itoa(u.GPUIndex)
-		em.gauge(containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+		// A lower bound read as the figure would undercount the pod to
+		// the tuner and the dashboards alike: no series says "unknown".
+		if !u.MemoryUnknown {
+			em.gauge(containerMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
+		}
 		em.gauge(containerProcs, float64(u.Processes), u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
 		if u.HasSM {
 			em.gauge(containerUtil, u.SMUtilization, u.Namespace, u.Pod, u.Container.Container, idx, u.UUID)
 		}
 	}
 	for uuid, b := range r.Unattributed {
-		em.gauge(unattributedMem, float64(b), index[uuid], uuid)
+		if !r.UnattributedUnknown[uuid] {
+			em.gauge(unattributedMem, float64(b), index[uuid], uuid)
+		}
 	}
 	for _, h := range r.MIGHoldings {
 		em.gauge(containerMIGAlloc, float64(h.IDs), h.Namespace, h.Pod, h.Container.Container, index[h.UUID], h.UUID, h.MIGUUID)
 	}
 	for _, u := range r.MIGUsage {
+		if u.MemoryUnknown {
+			continue
+		}
 		em.gauge(containerMIGMem, float64(u.MemoryBytes), u.Namespace, u.Pod, u.Container.Container, strconv.Itoa(u.GPUIndex), u.UUID, u.MIGUUID)
 	}
 }

@@ -229,7 +229,7 @@ func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
 		for _, p := range procs {
 			switch limit, known := e.pinnedLimit(p.PID, d.UUID); known {
 			case limitPinned:
-				p.UsedMemoryBytes = limit
+				p.UsedMemoryBytes, p.MemoryUnknown = limit, false
 				l.Processes = append(l.Processes, p)
 			case limitNone:
 				u.Processes = append(u.Processes, p)

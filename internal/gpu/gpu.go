@@ -18,6 +18,11 @@ var ErrUnavailable = errors.New("gpu backend unavailable")
 type Process struct {
 	PID             int
 	UsedMemoryBytes uint64
+	// MemoryUnknown is true where the driver does not account for the
+	// process's memory to this caller (NVML's NVML_VALUE_NOT_AVAILABLE,
+	// which nvidia-smi prints as N/A): UsedMemoryBytes is then 0 and
+	// means nothing. The GPU's own used memory still counts it.
+	MemoryUnknown bool
 	// SMUtilization is the share of the GPU's SMs this process kept busy,
 	// 0..1, over the time since the backend's previous reading of the GPU
 	// (the window of Device.Utilization where the GPU keeps samples; the

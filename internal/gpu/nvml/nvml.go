@@ -294,7 +294,8 @@ func (b *Backend) ComputeProcesses(ctx context.Context, uuid string) ([]gpu.Proc
 	}
 	procs := make([]gpu.Process, 0, len(list))
 	for _, p := range list {
-		procs = append(procs, gpu.Process{PID: int(p.Pid), UsedMemoryBytes: usedMemory(p)})
+		mem, known := usedMemory(p)
+		procs = append(procs, gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem, MemoryUnknown: !known})
 	}
 	return procs, nil
 }
@@ -633,13 +634,21 @@ func (b *Backend) readMIGDevice(mh nvml.Device, uuid string, i int) (m gpu.MIGDe
 // process's used memory.
 const notAvailable = ^uint64(0)
 
-// usedMemory is the memory NVML lists a process with, 0 where the driver
-// does not account for it (notAvailable).
-func usedMemory(p nvml.ProcessInfo) uint64 {
+// usedMemory is the memory NVML lists a process with; known is false, and
+// the figure 0, where the driver does not account for it (notAvailable).
+func usedMemory(p nvml.ProcessInfo) (bytes uint64, known bool) {
 	if p.UsedGpuMemory == notAvailable {
-		return 0
+		return 0, false
 	}
-	return p.UsedGpuMemory
+	return p.UsedGpuMemory, true
+}
+
+// addMemory merges one more list's figure for a process into it: a
+// process listed with its memory in one list (compute, graphics, its MIG
+// device's) and without it in another has the figure it was given.
+func addMemory(p *gpu.Process, bytes uint64, known bool) {
+	p.UsedMemoryBytes = max(p.UsedMemoryBytes, bytes)
+	p.MemoryUnknown = p.MemoryUnknown && !known
 }
 
 // noInstance is what NVML puts in a process's GPU and compute instance IDs
@@ -674,12 +683,12 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, util ut
 	var procs []gpu.Process
 	add := func(list []nvml.ProcessInfo) {
 		for _, p := range list {
-			mem := usedMemory(p)
+			mem, known := usedMemory(p)
 			if j := slices.IndexFunc(procs, func(q gpu.Process) bool { return q.PID == int(p.Pid) }); j >= 0 {
-				procs[j].UsedMemoryBytes = max(procs[j].UsedMemoryBytes, mem)
+				addMemory(&procs[j], mem, known)
 				continue
 			}
-			proc := gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem}
+			proc := gpu.Process{PID: int(p.Pid), UsedMemoryBytes: mem, MemoryUnknown: !known}
 			if mig && p.GpuInstanceId != noInstance {
 				proc.InMIG, proc.GPUInstanceID, proc.ComputeInstanceID = true, int(p.GpuInstanceId), -1
 				if p.ComputeInstanceId != noInstance {
@@ -717,13 +726,13 @@ func (b *Backend) readProcesses(h nvml.Device, uuid string, used uint64, util ut
 	}
 	for _, m := range migProcs {
 		for _, p := range m.list {
-			mem := usedMemory(p)
+			mem, known := usedMemory(p)
 			j := slices.IndexFunc(procs, func(q gpu.Process) bool { return q.PID == int(p.Pid) })
 			if j < 0 {
-				procs = append(procs, gpu.Process{PID: int(p.Pid)})
+				procs = append(procs, gpu.Process{PID: int(p.Pid), MemoryUnknown: true})
 				j = len(procs) - 1
 			}
-			procs[j].UsedMemoryBytes = max(procs[j].UsedMemoryBytes, mem)
+			addMemory(&procs[j], mem, known)
 			if !procs[j].InMIG || procs[j].ComputeInstanceID < 0 {
 				procs[j].InMIG, procs[j].GPUInstanceID, procs[j].ComputeInstanceID = true, m.gi, m.ci
 			}

@@ -143,6 +143,8 @@ func TestSnapshot(t *testing.T) {
 			{Pid: 100, UsedGpuMemory: 3 * gib},
 			// Drivers without per-process accounting say "not available".
 			{Pid: 200, UsedGpuMemory: ^uint64(0)},
+			// Not available here, a figure in the graphics list.
+			{Pid: 500, UsedGpuMemory: ^uint64(0)},
 		}, nvml.SUCCESS
 	}
 	g0.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
@@ -150,6 +152,7 @@ func TestSnapshot(t *testing.T) {
 			{Pid: 300, UsedGpuMemory: 2 * gib}, // also compute: counted once, larger figure
 			{Pid: 400, UsedGpuMemory: gib / 2}, // graphics only
 			{Pid: 100, UsedGpuMemory: gib},     // also compute, which has more
+			{Pid: 500, UsedGpuMemory: gib / 4},
 		}, nvml.SUCCESS
 	}
 	// Samples are timestamped in microseconds; PID 100 has two since the
@@ -185,9 +188,10 @@ func TestSnapshot(t *testing.T) {
 		// for; a listed process without a sample ran no kernel.
 		Processes: []gpu.Process{
 			{PID: 100, UsedMemoryBytes: 3 * gib, SMUtilization: (0.20 + 0.35) / 2, HasSMUtilization: true},
-			{PID: 200, UsedMemoryBytes: 0, HasSMUtilization: true},
+			{PID: 200, UsedMemoryBytes: 0, MemoryUnknown: true, HasSMUtilization: true},
 			{PID: 300, UsedMemoryBytes: 2 * gib, SMUtilization: 0.05, HasSMUtilization: true},
 			{PID: 400, UsedMemoryBytes: gib / 2, HasSMUtilization: true},
+			{PID: 500, UsedMemoryBytes: gib / 4, HasSMUtilization: true},
 		},
 	}
 	if diff := cmp.Diff(want0, got.Devices[0], approx); diff != "" {
@@ -212,9 +216,10 @@ func TestSnapshot(t *testing.T) {
 	}
 	wantIdle := []gpu.Process{
 		{PID: 100, UsedMemoryBytes: 3 * gib, HasSMUtilization: true},
-		{PID: 200, UsedMemoryBytes: 0, HasSMUtilization: true},
+		{PID: 200, UsedMemoryBytes: 0, MemoryUnknown: true, HasSMUtilization: true},
 		{PID: 300, UsedMemoryBytes: 2 * gib, HasSMUtilization: true},
 		{PID: 400, UsedMemoryBytes: gib / 2, HasSMUtilization: true},
+		{PID: 500, UsedMemoryBytes: gib / 4, HasSMUtilization: true},
 	}
 	if diff := cmp.Diff(wantIdle, got.Devices[0].Processes); diff != "" {
 		t.Errorf("second reading, no samples since the first (-want +got):\n%s", diff)
@@ -953,7 +958,7 @@ func TestComputeProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []gpu.Process{{PID: 100, UsedMemoryBytes: 3 * gib}, {PID: 200}}
+	want := []gpu.Process{{PID: 100, UsedMemoryBytes: 3 * gib}, {PID: 200, MemoryUnknown: true}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("ComputeProcesses (-want +got):\n%s", diff)
 	}
