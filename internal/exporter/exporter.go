@@ -54,7 +54,8 @@ type Config struct {
 	Procfs string
 	// OOM finds GPU OOM events; nil turns that collector off.
 	OOM *oom.Detector
-	// Timeout bounds each scrape's kubelet calls.
+	// Timeout bounds each source of a scrape (the GPU reading, the
+	// kubelet's calls, ...) on its own.
 	Timeout time.Duration
 	Logger  *slog.Logger
 	// Now is the clock (tests); nil means time.Now.
@@ -220,10 +221,8 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 
 // collect reads the node into e.series. The caller holds e.mu.
 func (e *Exporter) collect() {
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
-	defer cancel()
 	e.series.begin()
-	sc := &scrape{ctx: ctx, em: emitter{set: e.series}, index: e.index, failed: map[string]bool{}}
+	sc := &scrape{em: emitter{set: e.series}, index: e.index, failed: map[string]bool{}}
 	sc.in.Pods = e.cfg.Pods
 	sc.in.MIGParents = e.migParent
 	for _, s := range e.inputs {
@@ -243,7 +242,14 @@ func (e *Exporter) collect() {
 	e.series.finish()
 }
 
+// execute runs one source with a deadline of its own: with one for the
+// whole scrape, a GPU reading that took most of it (NVML calls block, a
+// GPU in trouble can take seconds) left the kubelet none, and a healthy
+// kubelet was reported failed and its series dropped.
 func (e *Exporter) execute(sc *scrape, s source) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	sc.ctx = ctx
 	start := time.Now()
 	ok := s.collect(sc)
 	sc.em.gauge(collectDuration, time.Since(start).Seconds(), s.name)
