@@ -161,7 +161,7 @@ func (k Kubelet) List(ctx context.Context) ([]podresources.Allocation, error) {
 	}
 	out, unknown := Resolve(allocs, k.Slices.Devices())
 	if unknown > 0 && k.Logger != nil {
-		k.Logger.Debug("DRA devices not in any ResourceSlice of this node yet", "devices", unknown, "synced", k.Slices.Err() == nil)
+		k.Logger.Debug("DRA devices not in any ResourceSlice of this node yet", "devices", unknown, "slices", k.Slices.Err())
 	}
 	return out, err
 }

@@ -25,6 +25,8 @@ import (
 type Informer struct {
 	informer cache.SharedIndexInformer
 	node     string
+	// health says whether the informer's lists and watches succeed.
+	health kube.Health
 }
 
 // NewInformer builds the informer; Start runs it.
@@ -38,8 +40,10 @@ func NewInformer(cfg *rest.Config, nodeName string) (*Informer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dra: %w", err)
 	}
-	inf := cache.NewSharedIndexInformer(lw, &resourcev1.ResourceSlice{}, 0, cache.Indexers{})
-	return &Informer{informer: inf, node: nodeName}, nil
+	i := &Informer{node: nodeName}
+	i.health.Track(lw)
+	i.informer = cache.NewSharedIndexInformer(lw, &resourcev1.ResourceSlice{}, 0, cache.Indexers{})
+	return i, nil
 }
 
 // Start runs the informer until ctx ends and waits for the first sync (or
@@ -66,10 +70,17 @@ func (i *Informer) Devices() Devices {
 	return FromSlices(slices)
 }
 
-// Err is non-nil until the informer has synced.
+// Err is non-nil until the informer has synced, and while its lists or
+// watches fail (its slices may be out of date).
 func (i *Informer) Err() error {
-	if !i.informer.HasSynced() {
+	last := i.health.Err()
+	switch {
+	case !i.informer.HasSynced() && last != nil:
+		return fmt.Errorf("dra: ResourceSlice informer for node %s has not synced yet: %w", i.node, last)
+	case !i.informer.HasSynced():
 		return errors.New("dra: ResourceSlice informer has not synced yet")
+	case last != nil:
+		return fmt.Errorf("dra: the ResourceSlices of node %s may be out of date: %w", i.node, last)
 	}
 	return nil
 }

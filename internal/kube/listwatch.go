@@ -2,6 +2,8 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -46,4 +48,45 @@ func ListWatch(cfg *rest.Config, gv schema.GroupVersion, addToScheme func(*runti
 			return client.Get().Resource(resource).VersionedParams(&o, params).Watch(ctx)
 		},
 	}, nil
+}
+
+// Health keeps the last error of a ListWatch's calls (Track): an
+// informer's HasSynced stays true for good after its first sync, so
+// without it a cache gone stale (the API server unreachable, RBAC
+// revoked) would pass for a healthy one.
+type Health struct {
+	failing atomic.Pointer[error]
+}
+
+// Track wraps lw's list and watch calls: one that fails sets h's error,
+// one that succeeds clears it. Both, since a reflector may stream its
+// first list through a watch.
+func (h *Health) Track(lw *cache.ListWatch) {
+	note := func(err error) {
+		switch {
+		case err == nil:
+			h.failing.Store(nil)
+		case !errors.Is(err, context.Canceled):
+			h.failing.Store(&err)
+		}
+	}
+	list, watchFn := lw.ListWithContextFunc, lw.WatchFuncWithContext
+	lw.ListWithContextFunc = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		obj, err := list(ctx, o)
+		note(err)
+		return obj, err
+	}
+	lw.WatchFuncWithContext = func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		w, err := watchFn(ctx, o)
+		note(err)
+		return w, err
+	}
+}
+
+// Err is the last list or watch error, nil when the last one succeeded.
+func (h *Health) Err() error {
+	if p := h.failing.Load(); p != nil {
+		return *p
+	}
+	return nil
 }

@@ -31,6 +31,8 @@ const (
 type Informer struct {
 	informer cache.SharedIndexInformer
 	node     string
+	// health says whether the informer's lists and watches succeed.
+	health kube.Health
 }
 
 // NewInformer builds the informer from the API server's config; Start runs
@@ -43,7 +45,10 @@ func NewInformer(cfg *rest.Config, nodeName string, resync time.Duration) (*Info
 	if err != nil {
 		return nil, fmt.Errorf("pods: %w", err)
 	}
+	i := &Informer{node: nodeName}
+	i.health.Track(lw)
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, resync, cache.Indexers{})
+	i.informer = inf
 	// Only what the exporter reads is kept: managed fields and most of the
 	// spec are dropped to bound memory on busy nodes.
 	if err := inf.SetTransform(trimPod); err != nil {
@@ -64,7 +69,7 @@ func NewInformer(cfg *rest.Config, nodeName string, resync time.Duration) (*Info
 	}}); err != nil {
 		return nil, fmt.Errorf("pods: %w", err)
 	}
-	return &Informer{informer: inf, node: nodeName}, nil
+	return i, nil
 }
 
 // podListWatch lists and watches the pods that match fieldSelector in all
@@ -118,8 +123,14 @@ func (i *Informer) List() []*corev1.Pod {
 
 // Err implements Source.
 func (i *Informer) Err() error {
-	if !i.informer.HasSynced() {
+	last := i.health.Err()
+	switch {
+	case !i.informer.HasSynced() && last != nil:
+		return fmt.Errorf("pods: informer for node %s has not synced yet: %w", i.node, last)
+	case !i.informer.HasSynced():
 		return errors.New("pods: informer has not synced yet")
+	case last != nil:
+		return fmt.Errorf("pods: the pods of node %s may be out of date: %w", i.node, last)
 	}
 	return nil
 }
