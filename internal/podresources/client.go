@@ -235,10 +235,21 @@ func (c *Client) call(ctx context.Context, method string, rpc func(context.Conte
 	if _, err := os.Stat(c.path); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %s: socket missing", ErrUnavailable, c.path)
 	}
-	// After failed attempts gRPC waits out a backoff before dialing again;
-	// the socket is there now, so dial at once.
-	if c.conn.GetState() == connectivity.TransientFailure {
-		c.conn.ResetConnectBackoff()
+	if state := c.conn.GetState(); state != connectivity.Ready {
+		// A socket file with nothing listening (a kubelet stopped or
+		// crashed leaves it behind) refuses at once, but WaitForReady
+		// would wait out the whole timeout on every call, and every
+		// scrape with it. A plain connect tells.
+		probe, err := net.DialTimeout("unix", c.path, c.timeout)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrUnavailable, c.path, err)
+		}
+		_ = probe.Close()
+		// After failed attempts gRPC waits out a backoff before dialing
+		// again; the socket answers now, so dial at once.
+		if state == connectivity.TransientFailure {
+			c.conn.ResetConnectBackoff()
+		}
 	}
 	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()

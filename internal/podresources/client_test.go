@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -399,5 +400,35 @@ func TestInstance(t *testing.T) {
 	}
 	if second := c.Instance(); !second.Known() || second.Same(first) {
 		t.Errorf("the restarted server's socket is the same Instance as the first")
+	}
+}
+
+// TestStaleSocketFailsAtOnce: a socket file with nothing listening (a
+// kubelet stopped or crashed leaves it behind) is refused as unavailable
+// with the refusal, not waited on until the call's deadline: each scrape
+// would otherwise take the whole timeout.
+func TestStaleSocketFailsAtOnce(t *testing.T) {
+	sock := podresourcestest.SocketPath(t)
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = l.Close()
+	c := newClient(t, sock, podresources.WithTimeout(5*time.Second))
+	for i := range 2 {
+		_, err := c.List(context.Background())
+		if !errors.Is(err, podresources.ErrUnavailable) || !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("call %d on a socket nothing listens on: %v, want ErrUnavailable with the refusal", i, err)
+		}
+	}
+	// A kubelet that comes back on the same path is served at once.
+	srv, err := podresourcestest.Start(t, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = srv
+	if _, err := c.List(context.Background()); err != nil {
+		t.Errorf("after the kubelet came back: %v", err)
 	}
 }
