@@ -36,23 +36,23 @@ import (
 )
 
 type options struct {
-	listen, metricsPath, webConfig string
-	backend, simFile               string
-	procfs, podResourcesSocket     string
-	podsSource, kubeconfig         string
-	nodeName, kubeletURL           string
-	kubeletToken, kubeletCA        string
-	kubeletInsecure                bool
-	kubeletInterval                time.Duration
-	podLogs                        string
-	oomPatterns                    stringList
-	oomOff                         bool
-	oomMaxRead                     int64
-	oomInterval                    time.Duration
-	gpuFailureThreshold            int
-	pprof                          bool
-	draSlices                      bool
-	log                            logging.Flags
+	web                        serve.Flags
+	backend, simFile           string
+	procfs, podResourcesSocket string
+	podsSource, kubeconfig     string
+	nodeName, kubeletURL       string
+	kubeletToken, kubeletCA    string
+	kubeletInsecure            bool
+	kubeletInterval            time.Duration
+	podLogs                    string
+	oomPatterns                stringList
+	oomOff                     bool
+	oomMaxRead                 int64
+	oomInterval                time.Duration
+	gpuFailureThreshold        int
+	pprof                      bool
+	draSlices                  bool
+	log                        logging.Flags
 }
 
 type stringList []string
@@ -63,9 +63,7 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("gpuslice-exporter", flag.ContinueOnError)
-	fs.StringVar(&o.listen, "web.listen-address", ":9846", "Address to serve metrics on.")
-	fs.StringVar(&o.metricsPath, "web.telemetry-path", "/metrics", "Path of the metrics.")
-	fs.StringVar(&o.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config (TLS, basic auth).")
+	o.web.Register(fs, ":9846")
 	fs.StringVar(&o.backend, "gpu.backend", backend.NVML, "GPU backend: nvml or sim.")
 	fs.StringVar(&o.simFile, "sim.file", "", "Simulated node file, for --gpu.backend=sim (re-read at every scrape).")
 	fs.StringVar(&o.procfs, "path.procfs", "/proc", "The host's /proc (the exporter runs with hostPID).")
@@ -90,7 +88,13 @@ func parseFlags(args []string) (*options, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: gpuslice-exporter takes flags only", fs.Arg(0))
+	}
 	if err := flagenv.Apply(fs, "GPUSLICE_", nil); err != nil {
+		return nil, err
+	}
+	if err := o.web.Validate("/healthz"); err != nil {
 		return nil, err
 	}
 	if o.gpuFailureThreshold < 0 {
@@ -170,18 +174,15 @@ func run(ctx context.Context, args []string) error {
 	// exporter's handler serves them beside its own series.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), procmetrics.New())
-	log.Info("gpuslice-exporter listening", "address", o.listen, "path", o.metricsPath, "backend", o.backend, "pods", o.podsSource)
-	return serve.Run(ctx, serve.Options{
-		Name:          "gpuslice-exporter",
-		Description:   "Per-pod GPU memory, utilization and CUDA OOM events on time-sliced GPUs",
-		ListenAddress: o.listen,
-		MetricsPath:   o.metricsPath,
-		WebConfigFile: o.webConfig,
-		Registry:      reg,
-		Metrics:       exp.Handler(reg, log),
-		Logger:        log,
-		Extra:         extraHandlers(exp, o.pprof),
-	})
+	log.Info("gpuslice-exporter listening", "address", o.web.ListenAddresses, "path", o.web.MetricsPath, "backend", o.backend, "pods", o.podsSource)
+	return serve.Run(ctx, o.web.Options(serve.Options{
+		Name:        "gpuslice-exporter",
+		Description: "Per-pod GPU memory, utilization and CUDA OOM events on time-sliced GPUs",
+		Registry:    reg,
+		Metrics:     exp.Handler(reg, log),
+		Logger:      log,
+		Extra:       extraHandlers(exp, o.pprof),
+	}))
 }
 
 // extraHandlers are the paths served beside the metrics: /healthz, and

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.listen != "127.0.0.1:1" || o.backend != "nvml" || o.nodeName != "n1" || o.kubeletURL != "https://10.1.2.3:10250" {
+	if !slices.Equal(o.web.ListenAddresses, []string{"127.0.0.1:1"}) || o.backend != "nvml" || o.nodeName != "n1" || o.kubeletURL != "https://10.1.2.3:10250" {
 		t.Fatalf("got %+v", o)
 	}
 }
@@ -120,6 +121,27 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 		_, index := h["/debug/pprof/"]
 		if profile != on || index != on {
 			t.Errorf("--web.enable-pprof=%v: profile served %v, index %v", on, profile, index)
+		}
+	}
+}
+
+// TestFlagsRefused: a stray argument and a metrics path the mux cannot
+// serve are errors naming them, not a panic or a silently ignored word.
+func TestFlagsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--gpu.backend=sim", "extra"},
+		{"--web.telemetry-path=metrics"},
+		{"--web.telemetry-path=/healthz"},
+		{"--web.telemetry-path="},
+	} {
+		_, err := parseFlags(args)
+		if err == nil {
+			t.Errorf("%q: no error", args)
+			continue
+		}
+		last := args[len(args)-1]
+		if name, _, _ := strings.Cut(strings.TrimPrefix(last, "--"), "="); !strings.Contains(err.Error(), name) {
+			t.Errorf("%q: %v does not name %s", args, err, name)
 		}
 	}
 }

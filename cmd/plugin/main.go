@@ -33,7 +33,7 @@ import (
 )
 
 type options struct {
-	listen, metricsPath, webConfig     string
+	web                                serve.Flags
 	backend, simFile                   string
 	pluginDir, kubeletSocket           string
 	podResourcesSocket                 string
@@ -48,9 +48,7 @@ type options struct {
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("gpuslice-plugin", flag.ContinueOnError)
-	fs.StringVar(&o.listen, "web.listen-address", ":9848", "Address to serve metrics on.")
-	fs.StringVar(&o.metricsPath, "web.telemetry-path", "/metrics", "Path of the metrics.")
-	fs.StringVar(&o.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config (TLS, basic auth).")
+	o.web.Register(fs, ":9848")
 	fs.StringVar(&o.backend, "gpu.backend", backend.NVML, "GPU backend: nvml or sim.")
 	fs.StringVar(&o.simFile, "sim.file", "", "Simulated node file, for --gpu.backend=sim.")
 	fs.StringVar(&o.pluginDir, "device-plugin.path", pluginapi.DevicePluginPath, "The kubelet's device-plugin directory; the plugin's sockets go here.")
@@ -73,7 +71,13 @@ func parseFlags(args []string) (*options, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: gpuslice-plugin takes flags only", fs.Arg(0))
+	}
 	if err := flagenv.Apply(fs, "GPUSLICE_", nil); err != nil {
+		return nil, err
+	}
+	if err := o.web.Validate("/healthz"); err != nil {
 		return nil, err
 	}
 	if err := flagenv.NonNegative(fs, "health.interval", "health.recovery-interval", "kubelet.pod-resources-interval"); err != nil {
@@ -147,14 +151,14 @@ func run(ctx context.Context, args []string, logOut io.Writer) error {
 	defer cancel()
 	served := make(chan error, 1)
 	go func() {
-		err := serve.Run(ctx, serve.Options{
+		err := serve.Run(ctx, o.web.Options(serve.Options{
 			Name: "gpuslice-plugin", Description: "Kubelet device plugin for time-sliced NVIDIA GPUs with live replica changes",
-			ListenAddress: o.listen, MetricsPath: o.metricsPath, WebConfigFile: o.webConfig, Registry: reg, Logger: log,
-		})
+			Registry: reg, Logger: log,
+		}))
 		if err != nil && ctx.Err() == nil {
 			// A plugin nobody can scrape hides its reload failures and
 			// unhealthy GPUs: stop, so that the pod restarts and says why.
-			log.Error("metrics server failed; stopping", "address", o.listen, "err", err)
+			log.Error("metrics server failed; stopping", "address", o.web.ListenAddresses, "err", err)
 			cancel()
 		}
 		served <- err

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,10 @@ type Options struct {
 	Name          string // e.g. "gpuslice-exporter"
 	Description   string
 	ListenAddress string
+	// ListenAddresses, when set, replace ListenAddress: several addresses.
+	ListenAddresses []string
+	// SystemdSocket serves on the sockets systemd passes instead.
+	SystemdSocket bool
 	MetricsPath   string
 	WebConfigFile string // empty: plain HTTP without auth
 	Registry      *prometheus.Registry
@@ -35,6 +40,13 @@ type Options struct {
 
 // Handler builds the mux: metrics, landing page, extras.
 func Handler(o Options) (http.Handler, error) {
+	reserved := make([]string, 0, len(o.Extra))
+	for p := range o.Extra {
+		reserved = append(reserved, p)
+	}
+	if err := checkMetricsPath(o.MetricsPath, reserved); err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	metrics := o.Metrics
 	if metrics == nil {
@@ -69,14 +81,20 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	addrs := []string{o.ListenAddress}
-	systemd := false
+	addrs := o.ListenAddresses
+	if len(addrs) == 0 {
+		addrs = []string{o.ListenAddress}
+	}
+	systemd := o.SystemdSocket
 	flags := &web.FlagConfig{WebListenAddresses: &addrs, WebSystemdSocket: &systemd, WebConfigFile: &o.WebConfigFile}
 	errc := make(chan error, 1)
 	go func() { errc <- web.ListenAndServe(srv, flags, o.Logger) }()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("serving on %s: %w", o.ListenAddress, err)
+		if systemd {
+			return fmt.Errorf("serving on systemd's sockets: %w", err)
+		}
+		return fmt.Errorf("serving on %s: %w", strings.Join(addrs, ", "), err)
 	case <-ctx.Done():
 	}
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
