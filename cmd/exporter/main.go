@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -150,9 +151,7 @@ func run(ctx context.Context, args []string) error {
 		defer c.Close()
 		cfg.Kubelet = c
 		if o.draSlices {
-			if slices := draSlices(ctx, o, log); slices != nil {
-				cfg.Kubelet = dra.Kubelet{Lister: c, Slices: slices, Logger: log}
-			}
+			cfg.Kubelet = dra.Kubelet{Lister: c, Slices: draSlices(ctx, o, log), Logger: log}
 		}
 	}
 	src, err := podSource(ctx, o, log)
@@ -197,38 +196,75 @@ func extraHandlers(exp *exporter.Exporter, withPprof bool) map[string]http.Handl
 	return h
 }
 
-// draSlices starts the ResourceSlice informer, or returns nil (and says
-// why) where DRA cannot be read: DRA is an addition, and a node without it
-// must export as before.
-func draSlices(ctx context.Context, o *options, log *slog.Logger) *dra.Informer {
+// lateSlices is the ResourceSlice informer once discovery has found that
+// the API server serves ResourceSlices; until then, and for good where it
+// does not, no slices. Discovery runs beside the serving: a slow API
+// server must not keep the exporter's port closed.
+type lateSlices struct {
+	inf atomic.Pointer[dra.Informer]
+	// why is the error Err gives while there is no informer.
+	why atomic.Pointer[error]
+}
+
+func (l *lateSlices) Devices() dra.Devices {
+	if i := l.inf.Load(); i != nil {
+		return i.Devices()
+	}
+	return nil
+}
+
+func (l *lateSlices) Err() error {
+	if i := l.inf.Load(); i != nil {
+		return i.Err()
+	}
+	if w := l.why.Load(); w != nil {
+		return *w
+	}
+	return errors.New("dra: finding out whether the API server serves ResourceSlices")
+}
+
+func (l *lateSlices) off(err error) { l.why.Store(&err) }
+
+// draSlices starts finding out whether the API server serves DRA
+// ResourceSlices and, if so, their informer; where DRA cannot be read it
+// says why and the slices stay empty: DRA is an addition, and a node
+// without it must export as before.
+func draSlices(ctx context.Context, o *options, log *slog.Logger) *lateSlices {
+	l := &lateSlices{}
 	cfg, err := kube.Config(o.kubeconfig, "gpuslice-exporter")
 	if err != nil {
 		log.Info("DRA attribution off: no API server access", "err", err)
-		return nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	served, err := dra.Served(cctx, cfg)
-	cancel()
-	switch {
-	case err != nil:
-		// Perhaps only a slow start of the API server: the informer
-		// retries by itself.
-		log.Warn("could not tell whether the API server serves DRA ResourceSlices; watching them anyway", "err", err)
-	case !served:
-		log.Info("DRA attribution off: the API server serves no resource.k8s.io/v1 ResourceSlices")
-		return nil
+		l.off(fmt.Errorf("dra: no API server access: %w", err))
+		return l
 	}
 	inf, err := dra.NewInformer(cfg, o.nodeName)
 	if err != nil {
 		log.Warn("DRA attribution off", "err", err)
-		return nil
+		l.off(err)
+		return l
 	}
 	go func() {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		served, err := dra.Served(cctx, cfg)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			// Perhaps only a slow start of the API server: the informer
+			// retries by itself.
+			log.Warn("could not tell whether the API server serves DRA ResourceSlices; watching them anyway", "err", err)
+		case !served:
+			log.Info("DRA attribution off: the API server serves no resource.k8s.io/v1 ResourceSlices")
+			l.off(errors.New("dra: the API server serves no resource.k8s.io/v1 ResourceSlices"))
+			return
+		}
+		l.inf.Store(inf)
 		if err := inf.Start(ctx); err != nil && ctx.Err() == nil {
 			log.Error("ResourceSlice informer", "err", err)
 		}
 	}()
-	return inf
+	return l
 }
 
 func podSource(ctx context.Context, o *options, log *slog.Logger) (pods.Source, error) {
@@ -259,9 +295,13 @@ func podSource(ctx context.Context, o *options, log *slog.Logger) (pods.Source, 
 		if err != nil {
 			return nil, err
 		}
-		if err := k.Start(ctx); err != nil {
-			log.Warn("first read of the kubelet's pods failed; retrying", "err", err)
-		}
+		// Serve metrics while the first read runs, as for the informer:
+		// a kubelet that does not answer must not keep the port closed.
+		go func() {
+			if err := k.Start(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("first read of the kubelet's pods failed; retrying", "err", err)
+			}
+		}()
 		return k, nil
 	case "none":
 		return nil, nil

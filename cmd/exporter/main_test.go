@@ -145,3 +145,98 @@ func TestFlagsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestServesWhileSourcesHang: with a kubelet (--pods.source=kubelet) or
+// an API server (DRA discovery) that accepts and never answers, /metrics
+// answers while the first request there still waits: the port is not held
+// closed for the client's timeout.
+func TestServesWhileSourcesHang(t *testing.T) {
+	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
+		t.Skip("this machine has an NVIDIA driver")
+	}
+	dir := t.TempDir()
+	token := dir + "/token"
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args func(url string) []string
+	}{
+		{"kubelet pods", func(url string) []string {
+			return []string{"--pods.source=kubelet", "--kubelet.url=https://" + url, "--kubelet.token-file=" + token,
+				"--kubelet.insecure-skip-tls-verify", "--dra.resource-slices=false"}
+		}},
+		{"DRA discovery", func(url string) []string {
+			kc := dir + "/kubeconfig"
+			cfg := "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"http://" + url + "\"}}]\n" +
+				"users: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+			if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return []string{"--pods.source=none", "--kubeconfig=" + kc, "--node-name=n1", "--dra.resource-slices=true",
+				"--kubelet.pod-resources-socket=" + dir + "/kubelet.sock"}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hung, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hung.Close()
+			// The first connection is held open, unanswered, until the
+			// client closes it; closed says when.
+			closed := make(chan struct{})
+			go func() {
+				c, err := hung.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, c)
+				close(closed)
+			}()
+			addr := freeAddr(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			args := append([]string{"--gpu.backend=nvml", "--web.listen-address=" + addr, "--kubelet.pod-resources-socket=",
+				"--oom.disable", "--log.level=error"}, tc.args(hung.Addr().String())...)
+			go func() { done <- run(ctx, args) }()
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				resp, err := http.Get("http://" + addr + "/metrics")
+				if err == nil {
+					resp.Body.Close()
+					break
+				}
+				select {
+				case err := <-done:
+					t.Fatalf("exporter exited: %v", err)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("GET /metrics: %v", err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			select {
+			case <-closed:
+				t.Error("/metrics answered only after the hung request gave up")
+			default:
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("run after shutdown: %v", err)
+			}
+		})
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
