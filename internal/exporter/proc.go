@@ -141,6 +141,17 @@ func (p *procReader) read(devs []gpu.Device) (map[int]attribution.ProcessRef, ma
 				continue
 			}
 			seen[proc.PID] = true
+			if proc.PID <= 0 {
+				// No process has it; a driver that cannot put a process in
+				// this PID namespace may list one so. Its memory counts as
+				// unattributed: one such entry must not fail the reading
+				// of every other process.
+				if !p.warned[proc.PID] {
+					p.warned[proc.PID] = true
+					p.log.Warn("GPU process listed without a valid PID; counted as unattributed", "pid", proc.PID, "gpu", d.UUID)
+				}
+				continue
+			}
 			e := p.entry(proc.PID)
 			if e != nil && e.resolved {
 				if e.inPod {
