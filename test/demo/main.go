@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -44,7 +45,7 @@ func main() {
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	bin := fs.String("exporter", "bin/gpuslice-exporter", "gpuslice-exporter binary")
-	listen := fs.String("listen", "127.0.0.1:9846", "exporter listen address")
+	listen := fs.String("listen", "", "exporter listen address (default: a free port on 127.0.0.1)")
 	dir := fs.String("dir", "", "where the simulated node's files go (default: a temporary directory)")
 	once := fs.Bool("once", false, "print the report and exit instead of running until interrupted")
 	if err := fs.Parse(args); err != nil {
@@ -53,6 +54,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	// The exporter and the fake kubelet stop when run returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// A temporary directory goes when run returns: the exporter's log in it
+	// is then shown on failure rather than pointed to.
+	keepDir := *dir != ""
 	if *dir == "" {
 		d, err := os.MkdirTemp("", "gpuslice-demo-")
 		if err != nil {
@@ -76,9 +80,13 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err := node.Start(ctx); err != nil {
 		return err
 	}
+	addr, err := listenAddr(*listen)
+	if err != nil {
+		return err
+	}
 
 	exp := exec.CommandContext(ctx, *bin,
-		"--web.listen-address="+*listen,
+		"--web.listen-address="+addr,
 		"--gpu.backend=sim", "--sim.file="+node.SimFile(),
 		"--path.procfs="+node.Procfs(), "--path.pod-logs="+node.PodLogs(),
 		"--kubelet.pod-resources-socket="+node.PodResourcesSocket(),
@@ -96,16 +104,50 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err := exp.Start(); err != nil {
 		return fmt.Errorf("starting %s (run `make build` first): %w", *bin, err)
 	}
+	// The exporter may exit at any time (a taken port, a bad flag, a
+	// crash). expCtx then ends with why, so that whatever waits on it (the
+	// readiness scrape, the tuner, Ctrl-C) stops at once instead of polling
+	// a dead address, or another server on it, until its deadline.
+	expCtx, exited := context.WithCancelCause(ctx)
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		err := exp.Wait()
+		if err == nil {
+			err = errors.New("exit status 0")
+		}
+		exited(fmt.Errorf("%s exited: %w", *bin, err))
+	}()
 	defer func() {
 		cancel()
-		_ = exp.Wait()
+		<-waited
 	}()
 
-	url := "http://" + *listen + "/metrics"
+	err = scenario(expCtx, node, scrapeURL(addr), *dir, *once, out)
+	if ctx.Err() != nil {
+		return err // interrupted: the exporter was told to stop
+	}
+	if cause := context.Cause(expCtx); cause != nil {
+		err = cause // whatever failed, failed because the exporter was gone
+	}
+	if err == nil {
+		return nil
+	}
+	// Read the log now: the deferred RemoveAll deletes a temporary one.
+	where := "last lines"
+	if keepDir {
+		where = logPath
+	}
+	return fmt.Errorf("%w\nexporter log (%s):\n%s", err, where, logTail(logPath, 20))
+}
+
+// scenario is the demo proper, once the exporter runs at url. ctx ends when
+// the exporter exits.
+func scenario(ctx context.Context, node *simnode.Node, url, dir string, once bool, out io.Writer) error {
 	if _, err := waitScrape(ctx, url, func(m map[string]*dto.MetricFamily) bool {
 		return m["gpuslice_container_gpu_memory_used_bytes"] != nil
 	}); err != nil {
-		return fmt.Errorf("%w (exporter log: %s)", err, logPath)
+		return err
 	}
 	fmt.Fprintf(out, "gpuslice-exporter is up at %s on a simulated RTX A6000 shared 5 ways.\n", url)
 
@@ -123,6 +165,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 
 	// A sixth pod takes the new replica and grows far past the footprints
 	// seen so far; then the Real-ESRGAN pod runs out of GPU memory.
+	g := node.GPUs[0]
 	node.Pods = append(node.Pods, &simnode.Pod{Namespace: "batch", Name: "llm-finetune-0", Containers: []*simnode.Container{{
 		Name: "train", Replicas: map[string][]int{g.UUID: {4}},
 		Processes: []simnode.Process{{PID: 2501, GPU: g.UUID, MemoryBytes: 28 * simnode.GiB, SM: 0.6}},
@@ -142,7 +185,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if _, err := waitScrape(ctx, url, func(m map[string]*dto.MetricFamily) bool {
 		return m["gpuslice_gpu_oom_events_total"] != nil
 	}); err != nil {
-		return fmt.Errorf("%w (exporter log: %s)", err, logPath)
+		return err
 	}
 	if _, err := loop.until(ctx, 20*time.Second, func(d policy.Decision) bool { return d.Direction == "down" }); err != nil {
 		return err
@@ -158,13 +201,65 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintln(out, "  and the tuner names it in the WaitingForReplica Event of a pod waiting for a replica.")
 	fmt.Fprintf(out, "\nThe exporter is at %s\n", url)
 	fmt.Fprintf(out, "  curl -s %s | grep ^gpuslice_container\n", url)
-	fmt.Fprintf(out, "Simulated node files: %s (edit sim.yaml: the exporter re-reads it at every scrape)\n", *dir)
-	if *once {
+	fmt.Fprintf(out, "Simulated node files: %s (edit sim.yaml: the exporter re-reads it at every scrape)\n", dir)
+	if once {
 		return nil
 	}
 	fmt.Fprintln(out, "Press Ctrl-C to stop.")
 	<-ctx.Done()
-	return nil
+	return nil // run tells Ctrl-C from the exporter's exit
+}
+
+// listenAddr is the address the exporter listens on. By default a free
+// loopback port, not the exporter's own 9846: that one may be held on this
+// machine, by a real exporter (whose data the demo would then report) or
+// anything else. A given address is bound once here, so that a taken one
+// fails at once and says so, rather than as a scrape of whatever holds it.
+// Between the check and the exporter's bind another process may still take
+// the port; the exporter then exits and run reports why.
+func listenAddr(want string) (string, error) {
+	if want == "" {
+		want = "127.0.0.1:0"
+	}
+	l, err := net.Listen("tcp", want)
+	if err != nil {
+		return "", fmt.Errorf("exporter listen address: %w (pass a free one with --listen, or none for any free port)", err)
+	}
+	defer l.Close()
+	if _, port, _ := net.SplitHostPort(want); port == "0" {
+		return l.Addr().String(), nil
+	}
+	return want, nil
+}
+
+// scrapeURL is the exporter's metrics URL on addr, which the demo prints for
+// curl: an unspecified host (":9846", "0.0.0.0:…") is reached on loopback.
+func scrapeURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr + "/metrics"
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/metrics"
+}
+
+// logTail is the last n lines of the file at path, indented, or why it
+// cannot be read.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "  " + err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) == 1 && lines[0] == "" {
+		return "  (empty)"
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "  " + strings.Join(lines, "\n  ")
 }
 
 func waitScrape(ctx context.Context, url string, ok func(map[string]*dto.MetricFamily) bool) (map[string]*dto.MetricFamily, error) {
@@ -178,7 +273,7 @@ func waitScrape(ctx context.Context, url string, ok func(map[string]*dto.MetricF
 		lastErr = err
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, context.Cause(ctx)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -188,16 +283,24 @@ func waitScrape(ctx context.Context, url string, ok func(map[string]*dto.MetricF
 	return nil, fmt.Errorf("scraping %s: %w", url, lastErr)
 }
 
+// client bounds each scrape: a server that accepts and never answers (the
+// exporter wedged, or something else on the port) would otherwise hold the
+// demo forever. The simulated node answers in milliseconds.
+var client = &http.Client{Timeout: 5 * time.Second}
+
 func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	return p.TextToMetricFamilies(resp.Body)
 }
