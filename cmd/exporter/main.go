@@ -69,7 +69,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.simFile, "sim.file", "", "Simulated node file, for --gpu.backend=sim (re-read at every scrape).")
 	fs.StringVar(&o.procfs, "path.procfs", "/proc", "The host's /proc (the exporter runs with hostPID).")
 	fs.StringVar(&o.podResourcesSocket, "kubelet.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "Kubelet PodResources API socket; empty turns allocation metrics off.")
-	fs.StringVar(&o.podsSource, "pods.source", "apiserver", "Where pod names come from: apiserver (a pod informer for this node) or kubelet (its /pods endpoint).")
+	fs.StringVar(&o.podsSource, "pods.source", "apiserver", "Where pod names come from: apiserver (a pod informer for this node), kubelet (its /pods endpoint) or none (no pod names: every GPU process counts as unattributed; the allocation series still come from the kubelet).")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --pods.source=apiserver; empty means in-cluster.")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "This node's name (env NODE_NAME).")
 	fs.StringVar(&o.kubeletURL, "kubelet.url", "", "Kubelet base URL for --pods.source=kubelet (default https://$NODE_IP:10250).")
