@@ -68,6 +68,10 @@ var Tuner = []string{
 	// Beyond DESIGN.md: on nodes whose GPUs DRA manages, the memory each
 	// container should request (docs/dra.md).
 	"gpuslice_tuner_recommended_memory_request_bytes",
+	// Beyond DESIGN.md: the leader's rounds (docs/tuner.md, "What it
+	// records"): failed ones, and when the last one succeeded.
+	"gpuslice_tuner_round_failures_total",
+	"gpuslice_tuner_last_successful_round_timestamp_seconds",
 }
 
 // Plugin lists the metrics gpuslice-plugin serves (DESIGN.md, "Plugin

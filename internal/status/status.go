@@ -44,6 +44,10 @@ type Node struct {
 	// "nvidia.com/gpu") from Node.status.allocatable.
 	Allocatable  map[string]int64   `json:"allocatable"`
 	LastDecision *controller.Record `json:"lastDecision,omitempty"`
+	// LastDecisionError says why the node's last-decision annotation
+	// cannot be read: the tuner leaves such a node alone until it parses,
+	// which "none recorded" would hide.
+	LastDecisionError string `json:"lastDecisionError,omitempty"`
 	// ExporterError says why the node has no GPU detail: no exporter
 	// given for it, or its scrape failed.
 	ExporterError string `json:"exporterError,omitempty"`
@@ -170,11 +174,10 @@ func Build(nodes []corev1.Node, scrapes map[string]Scrape, errs map[string]error
 				out.Allocatable[string(name)] = q.Value()
 			}
 		}
-		if s := n.Annotations[controller.AnnotationLastDecision]; s != "" {
-			var rec controller.Record
-			if json.Unmarshal([]byte(s), &rec) == nil {
-				out.LastDecision = &rec
-			}
+		rec, err := controller.ParseRecord(n.Annotations[controller.AnnotationLastDecision])
+		out.LastDecision = rec
+		if err != nil {
+			out.LastDecisionError = err.Error()
 		}
 		s, ok := scrapes[n.Name]
 		switch {
@@ -307,10 +310,14 @@ func (r Report) Text(w io.Writer, now time.Time) error {
 			fmt.Fprintln(w)
 		}
 		fmt.Fprintf(w, "NODE %s  allocatable %s\n", n.Name, resources(n.Allocatable))
-		if d := n.LastDecision; d != nil {
+		switch d := n.LastDecision; {
+		case n.LastDecisionError != "":
+			fmt.Fprintf(w, "  last decision: cannot be read (annotation %s: %s); the tuner leaves this node alone until it parses\n",
+				controller.AnnotationLastDecision, n.LastDecisionError)
+		case d != nil:
 			fmt.Fprintf(w, "  last decision %s ago: replicas %d (recommended %d), %s: %s\n",
 				age(now.Sub(d.Time)), d.Replicas, d.Recommended, d.Reason, d.Message)
-		} else {
+		default:
 			fmt.Fprintln(w, "  last decision: none recorded")
 		}
 		if n.ExporterError != "" {

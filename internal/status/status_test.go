@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,6 +44,19 @@ gpuslice_gpu_memory_total_bytes{gpu="0",uuid="GPU-x"} 100
 	}
 	if b := r.Nodes[1]; b.LastDecision != nil || b.ExporterError != "connection refused" {
 		t.Errorf("b = %+v", b)
+	}
+	// The tuner leaves a node whose record does not parse alone: status
+	// says so, with the error, rather than "none recorded".
+	if b := r.Nodes[1]; !strings.Contains(b.LastDecisionError, "invalid character") {
+		t.Errorf("b's lastDecisionError = %q, want the parse error", b.LastDecisionError)
+	}
+	var text strings.Builder
+	if err := r.Text(&text, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "last decision: cannot be read (annotation gpuslice.io/last-decision: invalid character") ||
+		strings.Count(text.String(), "none recorded") != 1 {
+		t.Errorf("text:\n%s\nwant b's record told unreadable, with its error, and a's as none recorded", text.String())
 	}
 }
 

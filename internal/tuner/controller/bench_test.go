@@ -66,7 +66,7 @@ func BenchmarkRound(b *testing.B) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		n, err := c.nodes.Get(fmt.Sprintf("gpu-node-%03d", nodes-1))
-		if err == nil && readRecord(n.Annotations[AnnotationLastDecision]) != nil {
+		if r, _ := ParseRecord(n.Annotations[AnnotationLastDecision]); err == nil && r != nil {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -119,6 +119,9 @@ const (
 	// nothing will restart its plugin (config-manager mode without
 	// apply.daemonSet).
 	ReasonConfigRewritten = "ConfigRewritten"
+	// ReasonDecisionUnreadable: the node's gpuslice.io/last-decision
+	// annotation does not parse; the node is left as it is until it does.
+	ReasonDecisionUnreadable = "DecisionUnreadable"
 	// ReasonAwaitingVerify is recorded in the node's annotation, not as an
 	// Event: a raise waits while the last change is not verified, so two
 	// raises are never stacked blindly. Lowering does not wait.
@@ -192,6 +195,9 @@ type Controller struct {
 	// when, and whether that was reported (once per lapse, not every round).
 	unsignalled map[string]*lapse
 
+	// roundBudget is how long a round may gather its signals, and then
+	// how long it may decide and write: max(interval, 30 s) each.
+	roundBudget time.Duration
 	// afterRound, when set (tests), is called after every round.
 	afterRound func(error)
 	leaderMu   sync.Mutex
@@ -216,7 +222,7 @@ func New(o Options) (*Controller, error) {
 	c := &Controller{
 		cfg: o.Config, client: o.Client, source: o.Source, log: o.Logger, tracer: o.Tracer,
 		rec: o.Recorder, now: o.Now, id: o.Identity, nodeSel: sel, state: map[string]*nodeState{},
-		applyCost: cost,
+		applyCost: cost, roundBudget: max(o.Config.Interval, 30*time.Second),
 	}
 	if c.log == nil {
 		c.log = slog.Default()
@@ -390,10 +396,12 @@ func (c *Controller) loop(lead context.Context, stop <-chan struct{}) {
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	for {
-		rctx, cancel := context.WithTimeout(lead, max(c.cfg.Interval, 30*time.Second))
-		err := c.round(rctx)
-		cancel()
-		if err != nil && lead.Err() == nil {
+		err := c.round(lead)
+		switch {
+		case err == nil:
+			c.m.lastSuccessfulRound.WithLabelValues().Set(float64(c.now().Unix()))
+		case lead.Err() == nil: // not a round cut short by lost leadership
+			c.m.roundFailures.Inc()
 			c.log.Error("tuner round failed", "err", err)
 		}
 		if c.afterRound != nil {
@@ -415,21 +423,35 @@ type work struct {
 	gpus []policy.GPUObservation
 	st   *nodeState
 	// record is the node's last-decision annotation, nil when absent or
-	// unreadable.
-	record *Record
+	// unreadable; recordErr says why it cannot be read (refuseUnreadable).
+	record    *Record
+	recordErr error
 	// mps says the node's config shares its GPUs through MPS (mps.go).
 	mps bool
 }
 
 // round gathers, then hands the nodes with signals to the mode's applier,
-// which decides and writes.
-func (c *Controller) round(ctx context.Context) error {
+// which decides and writes. lead ends when leadership does.
+//
+// Gathering and writing each get their own budget (roundBudget): the
+// prometheus source alone may take its 30 s timeout, and the idle holders'
+// query as long again, which under one budget for the whole round left the
+// writes none, every one of them failing on a context that had already
+// ended.
+func (c *Controller) round(lead context.Context) error {
 	now := c.now()
-	obs, err := c.source.Observe(ctx, now, c.cfg.Policy.Window)
+	gctx, cancel := context.WithTimeout(lead, c.roundBudget)
+	obs, err := c.source.Observe(gctx, now, c.cfg.Policy.Window)
+	if err == nil {
+		c.gatherIdle(gctx, now)
+	}
+	cancel()
 	if err != nil {
 		return fmt.Errorf("gathering signals: %w", err)
 	}
-	c.gatherIdle(ctx, now)
+	ctx, cancel := context.WithTimeout(lead, c.roundBudget)
+	defer cancel()
+	c.owners.newRound()
 	c.forgetExplained(now)
 	if err := c.mem.load(ctx); err != nil {
 		// Decide from the record in memory; nothing is saved until a
@@ -462,7 +484,8 @@ func (c *Controller) round(ctx context.Context) error {
 			c.state[n.Name] = st
 		}
 		seen[n.Name] = true
-		r.ws = append(r.ws, &work{node: n, gpus: gpus, st: st, record: readRecord(n.Annotations[AnnotationLastDecision])})
+		rec, rerr := ParseRecord(n.Annotations[AnnotationLastDecision])
+		r.ws = append(r.ws, &work{node: n, gpus: gpus, st: st, record: rec, recordErr: rerr})
 	}
 	listed := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
@@ -495,6 +518,15 @@ func (c *Controller) round(ctx context.Context) error {
 	exists := make(map[string]bool, len(all))
 	for _, n := range all {
 		exists[n.Name] = true
+	}
+	// A deleted node's series, counters included, would otherwise stay
+	// until the process ends: one set per node name ever seen. Those of a
+	// node that is only no longer selected stay (its counters keep
+	// counting if it is selected again); c.m.forget dropped its gauges.
+	for name := range c.m.nodes() {
+		if !exists[name] {
+			c.m.forgetNode(name)
+		}
 	}
 	return errors.Join(err, c.mem.save(ctx, now, func(n string) bool { return exists[n] }))
 }

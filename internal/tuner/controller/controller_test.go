@@ -808,7 +808,7 @@ func testLeaderHandover(t *testing.T, env *testenv.Env) {
 	if changes != 1 || raised != 1 {
 		t.Errorf("%v changes and %d ReplicasRaised events across both tuners, want exactly 1", changes, raised)
 	}
-	if r := readRecord(h0.getNode(node).Annotations[AnnotationLastDecision]); r == nil || r.Reason != policy.ReasonCooldown {
+	if r, _ := ParseRecord(h0.getNode(node).Annotations[AnnotationLastDecision]); r == nil || r.Reason != policy.ReasonCooldown {
 		t.Errorf("new leader's last decision %+v, want a Cooldown hold", r)
 	}
 }

@@ -91,6 +91,15 @@ func (c *Controller) crashLoops(ctx context.Context, w *work, loops []policy.Cra
 		if result == "" {
 			continue // the pod is gone: its loop ended
 		}
+		if ctx.Err() != nil && (result == evictError || pod == nil) {
+			// The round's context ended (leadership lost, or the round's
+			// deadline) while the pod was read or evicted: no outcome of
+			// the loop, nothing to report or count. The next round (or
+			// leader) tries again.
+			c.log.Info("round ended before a crash loop was acted on; trying again next round", "node", w.node.Name,
+				"container", l.Container, "err", why, "cause", context.Cause(ctx))
+			continue
+		}
 		r := loopReport{result: result, ooms: l.OOMs, seen: now}
 		st.loops[l.Container] = r
 		if known && prev.result == result && result != evictEvicted {

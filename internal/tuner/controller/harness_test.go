@@ -71,6 +71,8 @@ type fakeSource struct {
 	idle     map[string][]signals.IdleHolder
 	// took, when set, runs in each Observe: a gathering that takes time.
 	took func()
+	// fail, when set, is Observe's error: a signal source that is down.
+	fail error
 }
 
 // IdleHolders implements signals.IdleSource.
@@ -103,6 +105,9 @@ func (f *fakeSource) Observe(_ context.Context, now time.Time, window time.Durat
 	defer f.mu.Unlock()
 	if f.took != nil {
 		f.took()
+	}
+	if f.fail != nil {
+		return nil, f.fail
 	}
 	out := map[string][]policy.GPUObservation{}
 	for node, s := range f.nodes {
@@ -202,6 +207,18 @@ func newHarness(t *testing.T, env *testenv.Env, cfg config.Config, client kubern
 // round runs one round once the informer has caught up with the nodes.
 func (h *harness) round() {
 	h.t.Helper()
+	h.start()
+	if err := h.c.round(h.ctx); err != nil {
+		h.t.Fatalf("round: %v", err)
+	}
+}
+
+func (h *harness) advance(d time.Duration) { h.now = h.now.Add(d) }
+
+// start starts the informers once and waits until they have caught up
+// with the nodes.
+func (h *harness) start() {
+	h.t.Helper()
 	if !h.started {
 		if err := h.c.startInformers(h.ctx); err != nil {
 			h.t.Fatal(err)
@@ -209,12 +226,7 @@ func (h *harness) round() {
 		h.started = true
 	}
 	h.synced()
-	if err := h.c.round(h.ctx); err != nil {
-		h.t.Fatalf("round: %v", err)
-	}
 }
-
-func (h *harness) advance(d time.Duration) { h.now = h.now.Add(d) }
 
 // restartPaidAfterPropagation checks a restart owed for rewritten keys
 // (config-manager mode): none before delay has passed, then one, and
@@ -366,9 +378,9 @@ func (h *harness) getNode(name string) *corev1.Node {
 
 func (h *harness) record(name string) Record {
 	h.t.Helper()
-	r := readRecord(h.getNode(name).Annotations[AnnotationLastDecision])
+	r, err := ParseRecord(h.getNode(name).Annotations[AnnotationLastDecision])
 	if r == nil {
-		h.t.Fatalf("node %s has no readable %s annotation: %q", name, AnnotationLastDecision, h.getNode(name).Annotations[AnnotationLastDecision])
+		h.t.Fatalf("node %s has no readable %s annotation (%v): %q", name, AnnotationLastDecision, err, h.getNode(name).Annotations[AnnotationLastDecision])
 	}
 	return *r
 }

@@ -27,6 +27,7 @@ func TestMetricNamesMatchContract(t *testing.T) {
 	m.configInvalid.WithLabelValues("n")
 	m.crashLoopEvictions.WithLabelValues("n", evictEvicted)
 	m.memoryRequest.WithLabelValues("n", "ns", "p", "c", "GPU-0")
+	m.lastSuccessfulRound.WithLabelValues()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpuslice/gpuslice/internal/tuner/policy"
 )
@@ -22,6 +23,58 @@ type metrics struct {
 	// memoryRequest is the DRA advice (dra.go): per container, the GPU
 	// memory it should request, on nodes whose GPUs DRA manages.
 	memoryRequest *prometheus.GaugeVec
+	// lastSuccessfulRound is when the leader last finished a round without
+	// an error; a vector without labels so that it exists only while this
+	// replica leads and has had one (stepDown drops it). roundFailures
+	// counts the rounds that ended with one: without them a tuner whose
+	// signal source is down only logs.
+	lastSuccessfulRound *prometheus.GaugeVec
+	roundFailures       prometheus.Counter
+}
+
+// nodeVec is a vector with a node label.
+type nodeVec interface {
+	prometheus.Collector
+	DeletePartialMatch(prometheus.Labels) int
+}
+
+// perNode are the vectors with a node label.
+func (m *metrics) perNode() []nodeVec {
+	return []nodeVec{m.replicas, m.recommended, m.changes, m.applyFailures, m.verifyFailures, m.lastChange,
+		m.configInvalid, m.crashLoopEvictions, m.memoryRequest}
+}
+
+// nodes are the node names of every per-node series this replica exports.
+func (m *metrics) nodes() map[string]bool {
+	ch := make(chan prometheus.Metric)
+	go func() {
+		for _, v := range m.perNode() {
+			v.Collect(ch)
+		}
+		close(ch)
+	}()
+	out := map[string]bool{}
+	for metric := range ch {
+		var d dto.Metric
+		if metric.Write(&d) != nil {
+			continue
+		}
+		for _, l := range d.GetLabel() {
+			if l.GetName() == "node" {
+				out[l.GetValue()] = true
+			}
+		}
+	}
+	return out
+}
+
+// forgetNode drops every series of a node that no longer exists, counters
+// included: no node will count on them again under that name, and one set
+// per deleted node would pile up in a cluster whose nodes come and go.
+func (m *metrics) forgetNode(node string) {
+	for _, v := range m.perNode() {
+		v.DeletePartialMatch(prometheus.Labels{"node": node})
+	}
 }
 
 // stepDown is what a replica does when it stops leading: it no longer
@@ -36,6 +89,7 @@ func (m *metrics) stepDown() {
 	m.lastChange.Reset()
 	m.configInvalid.Reset()
 	m.memoryRequest.Reset()
+	m.lastSuccessfulRound.Reset()
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -62,9 +116,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		memoryRequest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpuslice_tuner_recommended_memory_request_bytes",
 			Help: "On nodes whose GPUs DRA manages: the GPU memory a container should request (a DRA claim's memory capacity under consumable-capacity sharing), from its peak in the policy window divided by targetUtilization."},
 			[]string{"node", "namespace", "pod", "container", "uuid"}),
+		lastSuccessfulRound: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gpuslice_tuner_last_successful_round_timestamp_seconds",
+			Help: "When this replica, while leading, last finished a round without an error (Unix time). Absent on a replica that does not lead."}, nil),
+		roundFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "gpuslice_tuner_round_failures_total",
+			Help: "Rounds of the leader that ended with an error: the signals could not be gathered, the device-plugin ConfigMap not read, the workload memory not saved."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.replicas, m.recommended, m.changes, m.applyFailures, m.verifyFailures, m.lastChange, m.configInvalid, m.leader, m.crashLoopEvictions, m.memoryRequest)
+		reg.MustRegister(m.replicas, m.recommended, m.changes, m.applyFailures, m.verifyFailures, m.lastChange, m.configInvalid, m.leader, m.crashLoopEvictions, m.memoryRequest,
+			m.lastSuccessfulRound, m.roundFailures)
 	}
 	return m
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/gpuslice/gpuslice/internal/dpconfig"
 )
@@ -18,6 +19,10 @@ import (
 func (c *Controller) perNodeRound(ctx context.Context, now time.Time, ws []*work, cm *corev1.ConfigMap, broken map[string]error, readyAt time.Time) {
 	base, baseErr := c.baseFile(cm)
 	for _, w := range ws {
+		if w.recordErr != nil {
+			c.refuseUnreadable(w)
+			continue
+		}
 		cur, err := c.nodeConfig(w, cm, baseErr, broken)
 		if err != nil {
 			c.refuseInvalid(ctx, now, w, err)
@@ -106,7 +111,7 @@ func (c *Controller) perNode(ctx context.Context, now time.Time, w *work, cm *co
 		LastChange: &now, LastChangeDirection: d.Direction}
 	where := fmt.Sprintf("label %s=%s", ConfigLabel, key)
 	if err := c.moveNode(ctx, name, label, key, rec); err != nil {
-		c.applyFailed(w, span, d, replicas, where, err)
+		c.applyFailed(ctx, w, span, d, replicas, where, err)
 		return
 	}
 	c.changed(w, span, d, replicas, c.sem.resource(target.Config()), where, now)
@@ -117,14 +122,20 @@ func (c *Controller) perNode(ctx context.Context, now time.Time, w *work, cm *co
 
 // moveNode points the node's config label at key, with the decision's
 // annotations in the same update. It gives up with ErrStale when the label
-// is no longer the one the decision was made from.
+// is no longer the one the decision was made from, when the node's last
+// decision no longer parses (it is not overwritten: refuseUnreadable), or
+// when the node is gone: a node deleted during the round is no failure to
+// alert on, and the next round no longer lists it.
 func (c *Controller) moveNode(ctx context.Context, node, from, key string, rec Record) error {
 	if c.cfg.DryRun {
 		return nil
 	}
-	return c.updateNode(ctx, node, func(n *corev1.Node) error {
+	err := c.updateNode(ctx, node, func(n *corev1.Node) error {
 		if got := n.Labels[ConfigLabel]; got != from {
 			return fmt.Errorf("%w: node %s label %s is %q, the decision saw %q", ErrStale, node, ConfigLabel, got, from)
+		}
+		if _, err := ParseRecord(n.Annotations[AnnotationLastDecision]); err != nil {
+			return fmt.Errorf("%w: node %s annotation %s no longer parses: %w", ErrStale, node, AnnotationLastDecision, err)
 		}
 		if n.Labels == nil {
 			n.Labels = map[string]string{}
@@ -133,4 +144,8 @@ func (c *Controller) moveNode(ctx context.Context, node, from, key string, rec R
 		setRecord(&n.ObjectMeta, rec)
 		return nil
 	})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: node %s was deleted: %w", ErrStale, node, err)
+	}
+	return err
 }

@@ -45,6 +45,23 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 	if err != nil {
 		return fmt.Errorf("reading ConfigMap %s: %w", ref, err)
 	}
+	// A node whose last decision cannot be read is left as it is
+	// (refuseUnreadable). Its record may hold a hold, which holds every
+	// node's change here (one key serves them all), so while it is
+	// unreadable no change is made.
+	var ws []*work
+	unreadable := ""
+	for _, w := range r.ws {
+		if w.recordErr != nil {
+			c.refuseUnreadable(w)
+			if unreadable == "" {
+				unreadable = fmt.Sprintf("node %s: its %s annotation cannot be read (%v); no change until it parses", w.node.Name, AnnotationLastDecision, w.recordErr)
+			}
+			continue
+		}
+		ws = append(ws, w)
+	}
+	r.ws = ws
 	f, err := c.baseFile(cm)
 	if err != nil {
 		for _, w := range r.ws {
@@ -109,7 +126,7 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 	}
 	d := setter.d
 	d.Message = "node " + setter.w.node.Name + ": " + d.Message + " (every node shares one config; the smallest decision wins)"
-	in := gateInput{now: now, current: cur, decision: d, unsignalled: r.unsignalled}
+	in := gateInput{now: now, current: cur, decision: d, unsignalled: r.unsignalled, held: unreadable}
 	for _, x := range ds {
 		if p := x.w.st.pending; p != nil && in.pending == "" {
 			in.pending = fmt.Sprintf("node %s advertises %s", x.w.node.Name, p)
@@ -138,7 +155,7 @@ func (a restartApplier) apply(ctx context.Context, now time.Time, r roundInput) 
 	}
 	if err != nil {
 		for _, x := range ds {
-			c.applyFailed(x.w, x.span, d, cur, where, err)
+			c.applyFailed(ctx, x.w, x.span, d, cur, where, err)
 		}
 		if newFile == nil {
 			return nil

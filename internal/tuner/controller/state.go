@@ -50,15 +50,21 @@ type RecordHold struct {
 	Why         string `json:"why"`
 }
 
-func readRecord(s string) *Record {
+// ParseRecord reads a node's gpuslice.io/last-decision annotation: nil
+// and no error when it is empty. An error means the annotation is there
+// and cannot be read: it may hold a hold after a failed verification or
+// the last change, so the controller leaves the node alone until it parses
+// (refuseUnreadable), and `gpuslice-tuner status` says so. Unknown fields
+// are no error: a newer tuner may have added some.
+func ParseRecord(s string) (*Record, error) {
 	if s == "" {
-		return nil
+		return nil, nil
 	}
 	var r Record
-	if json.Unmarshal([]byte(s), &r) != nil {
-		return nil
+	if err := json.Unmarshal([]byte(s), &r); err != nil {
+		return nil, err
 	}
-	return &r
+	return &r, nil
 }
 
 func (r Record) String() string {
@@ -182,11 +188,12 @@ func nodeRef(name string) *corev1.ObjectReference {
 }
 
 // event records an Event on the node unless the same one was the node's
-// last (refusals repeat every round; a change is recorded once).
-func (c *Controller) event(w *work, eventType, reason, key, format string, args ...any) {
+// last (refusals repeat every round; a change is recorded once), and says
+// whether it did.
+func (c *Controller) event(w *work, eventType, reason, key, format string, args ...any) bool {
 	k := reason + "|" + key
 	if w.st.lastEvent == k {
-		return
+		return false
 	}
 	w.st.lastEvent = k
 	msg := fmt.Sprintf(format, args...)
@@ -194,6 +201,23 @@ func (c *Controller) event(w *work, eventType, reason, key, format string, args 
 		msg = "dry run: " + msg
 	}
 	c.rec.Event(nodeRef(w.node.Name), eventType, reason, msg)
+	return true
+}
+
+// refuseUnreadable leaves a node whose last-decision annotation does not
+// parse as it is: no decision, no write, and the annotation is not
+// overwritten. It may hold a hold after a failed verification (or the
+// last change, for the cooldown and settling) that a new leader must keep;
+// read as absent, the hold was lost and the held node changed, and the
+// next write replaced the evidence. One Warning Event and one log line per
+// error, not every round.
+func (c *Controller) refuseUnreadable(w *work) {
+	if c.event(w, corev1.EventTypeWarning, ReasonDecisionUnreadable, w.recordErr.Error(),
+		"annotation %s of node %s cannot be read (%v); it may hold a hold or the last change, so the tuner leaves this node and the annotation as they are until it parses (fix it, or delete it to start the node afresh)",
+		AnnotationLastDecision, w.node.Name, w.recordErr) {
+		c.log.Error("node's last decision cannot be read; node left as it is until it parses", "node", w.node.Name,
+			"annotation", AnnotationLastDecision, "err", w.recordErr)
+	}
 }
 
 // checkVerify settles a pending change and lifts a hold whose cause is

@@ -60,8 +60,9 @@ func workloadKey(p *corev1.Pod) string {
 	return p.Namespace + "/image/" + image
 }
 
-// maxOwnerLookups bounds the pods read from the API server in one round:
-// a node full of new pods is named over a few rounds instead of in a burst.
+// maxOwnerLookups bounds the pods read from the API server in one round,
+// over every node: a cluster full of new pods is named over a few rounds
+// instead of in a burst.
 const maxOwnerLookups = 32
 
 // ownerTTL is how long a pod's workload key is kept after its containers
@@ -78,7 +79,13 @@ type owners struct {
 	cache  listersv1.PodLister // the pending pods; may be nil
 	known  map[string]ownerEntry
 	log    *slog.Logger
+	// lookups counts this round's reads, against maxOwnerLookups; the
+	// round resets it (newRound), not each node's call.
+	lookups int
 }
+
+// newRound starts a round's budget of lookups.
+func (o *owners) newRound() { o.lookups = 0 }
 
 type ownerEntry struct {
 	key  string // "" when the pod is gone
@@ -88,7 +95,6 @@ type ownerEntry struct {
 // containerWorkloads is policy.Observation.ContainerWorkloads for gpus.
 func (o *owners) containerWorkloads(ctx context.Context, now time.Time, gpus []policy.GPUObservation) map[string]string {
 	out := map[string]string{}
-	lookups := 0
 	for _, g := range gpus {
 		for _, s := range g.Samples {
 			for c := range s.ContainerPeaks {
@@ -103,10 +109,10 @@ func (o *owners) containerWorkloads(ctx context.Context, now time.Time, gpus []p
 				id := ns + "/" + pod
 				e, ok := o.known[id]
 				if !ok {
-					if lookups >= maxOwnerLookups {
+					if o.lookups >= maxOwnerLookups {
 						continue
 					}
-					lookups++
+					o.lookups++
 					var resolved bool
 					e, resolved = o.lookup(ctx, ns, pod)
 					if !resolved {

@@ -166,9 +166,15 @@ func setRecord(m *metav1.ObjectMeta, rec Record) {
 // annotate records a decision that changed nothing on the node, when its
 // count, recommendation or reason differ from the recorded one (messages
 // change with every sample; writing each would make every round a write).
+//
+// A hold after a failed verification is kept unless this leadership has
+// taken it over (adopt) and lifted it: a record written before adopt ran
+// (a config error seen by a new leader, refuseInvalid) keeps the hold it
+// finds, or the next leader, or this one once the config is fixed, would
+// change a held node.
 func (c *Controller) annotate(ctx context.Context, w *work, rec Record, lastChange time.Time) {
-	if c.cfg.DryRun {
-		return
+	if c.cfg.DryRun || w.recordErr != nil {
+		return // an unreadable record is never overwritten (refuseUnreadable)
 	}
 	if !lastChange.IsZero() {
 		rec.LastChange = &lastChange
@@ -178,20 +184,36 @@ func (c *Controller) annotate(ctx context.Context, w *work, rec Record, lastChan
 	}
 	if h := w.st.held; h != nil {
 		rec.Hold = &RecordHold{Until: h.until, Replicas: h.replicas, Resource: h.resource, Allocatable: h.allocatable, Why: h.why}
+	} else if !w.st.adopted {
+		rec.Hold = w.record.hold()
 	}
 	if old := w.record; old != nil && old.Replicas == rec.Replicas && old.Recommended == rec.Recommended && old.Reason == rec.Reason &&
 		(old.Hold == nil) == (rec.Hold == nil) && w.node.Annotations[AnnotationReplicas] == strconv.Itoa(rec.Replicas) {
 		return
 	}
 	err := c.updateNode(ctx, w.node.Name, func(n *corev1.Node) error {
-		// A change written since (by another leader) is newer than this.
-		if cur := readRecord(n.Annotations[AnnotationLastDecision]); cur.lastChange().After(rec.lastChange()) {
+		cur, err := ParseRecord(n.Annotations[AnnotationLastDecision])
+		switch {
+		case err != nil:
+			// Made unreadable since the round read it: left for the next
+			// round to report, not overwritten.
+			return errUnchanged
+		case cur.lastChange().After(rec.lastChange()):
+			// A change written since (by another leader) is newer than this.
 			return errUnchanged
 		}
-		setRecord(&n.ObjectMeta, rec)
+		fresh := rec
+		if fresh.Hold == nil && !w.st.adopted {
+			fresh.Hold = cur.hold()
+		}
+		setRecord(&n.ObjectMeta, fresh)
 		return nil
 	})
-	if err != nil && !errors.Is(err, errUnchanged) && !apierrors.IsNotFound(err) {
+	switch {
+	case err == nil || errors.Is(err, errUnchanged) || apierrors.IsNotFound(err):
+	case ctx.Err() != nil:
+		c.log.Info("round ended before the node's decision was annotated", "node", w.node.Name, "err", err)
+	default:
 		c.log.Warn("annotating the node's decision failed", "node", w.node.Name, "err", err)
 	}
 }
@@ -241,11 +263,22 @@ func (c *Controller) changed(w *work, span trace.Span, d policy.Decision, from i
 	c.mpsLimitsChanged(w, from, d.Replicas)
 }
 
-// applyFailed records a write that did not happen.
-func (c *Controller) applyFailed(w *work, span trace.Span, d policy.Decision, from int, where string, err error) {
+// applyFailed records a write that did not happen. Neither a write
+// dropped because its object changed (ErrStale) nor one cut short because
+// the round's context ended (leadership lost, or the round's deadline) is
+// a refusal by the API server: each is logged, and the node decided again
+// next round (by the next leader), without a Warning Event or a count of
+// gpuslice_tuner_apply_failures_total, which alert as a write that keeps
+// failing.
+func (c *Controller) applyFailed(ctx context.Context, w *work, span trace.Span, d policy.Decision, from int, where string, err error) {
 	span.RecordError(err)
 	if errors.Is(err, ErrStale) {
 		c.log.Info("change dropped, deciding again next round", "node", w.node.Name, "err", err)
+		return
+	}
+	if ctx.Err() != nil {
+		c.log.Info("round ended before the change was written, deciding again next round", "node", w.node.Name,
+			"from", from, "to", d.Replicas, "where", where, "err", err, "cause", context.Cause(ctx))
 		return
 	}
 	c.m.applyFailures.WithLabelValues(w.node.Name).Inc()
