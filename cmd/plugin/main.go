@@ -88,6 +88,9 @@ func parseFlags(args []string) (*options, error) {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal starts a graceful shutdown; a second one, given
+	// the default handling back, ends the program at once.
+	context.AfterFunc(ctx, stop)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -26,6 +26,9 @@ var errUsage = errors.New("usage")
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal starts a graceful shutdown; a second one, given
+	// the default handling back, ends the program at once.
+	context.AfterFunc(ctx, stop)
 	err := dispatch(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {

@@ -32,8 +32,7 @@ import (
 
 type runOptions struct {
 	config, kubeconfig, identity string
-	listen, metricsPath          string
-	webConfig                    string
+	web                          serve.Flags
 	log                          logging.Flags
 }
 
@@ -43,9 +42,7 @@ func parseRunFlags(args []string) (*runOptions, error) {
 	fs.StringVar(&o.config, "config", "", "tuner.yaml (required; see deploy/examples/tuner.yaml).")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig; empty means in-cluster.")
 	fs.StringVar(&o.identity, "leader-election.identity", defaultIdentity(), "This replica's name in the leader Lease (default: $POD_NAME, else the hostname).")
-	fs.StringVar(&o.listen, "web.listen-address", ":9847", "Address to serve metrics on.")
-	fs.StringVar(&o.metricsPath, "web.telemetry-path", "/metrics", "Path of the metrics.")
-	fs.StringVar(&o.webConfig, "web.config.file", "", "Prometheus exporter-toolkit web config (TLS, basic auth).")
+	o.web.Register(fs, ":9847")
 	o.log.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -58,6 +55,9 @@ func parseRunFlags(args []string) (*runOptions, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%w: run: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	if err := o.web.Validate("/healthz"); err != nil {
+		return nil, fmt.Errorf("%w: run: %w", errUsage, err)
 	}
 	if o.config == "" {
 		return nil, fmt.Errorf("%w: run: --config is required", errUsage)
@@ -149,21 +149,18 @@ func runCommand(ctx context.Context, args []string) error {
 		return err
 	}
 	log.Info("gpuslice-tuner starting", "config", o.config, "mode", cfg.Apply.Mode, "signals", cfg.Signals.Source,
-		"dryRun", cfg.DryRun, "leaderElection", cfg.LeaderElection.Enabled, "identity", o.identity, "address", o.listen)
+		"dryRun", cfg.DryRun, "leaderElection", cfg.LeaderElection.Enabled, "identity", o.identity, "address", o.web.ListenAddresses)
 	goRun("controller", ctl.Run)
 	goRun("web", func(ctx context.Context) error {
-		return serve.Run(ctx, serve.Options{
-			Name:          "gpuslice-tuner",
-			Description:   "Tunes time-slicing replicas per node from measured GPU memory headroom and OOM events",
-			ListenAddress: o.listen,
-			MetricsPath:   o.metricsPath,
-			WebConfigFile: o.webConfig,
-			Registry:      reg,
-			Logger:        log,
+		return serve.Run(ctx, o.web.Options(serve.Options{
+			Name:        "gpuslice-tuner",
+			Description: "Tunes time-slicing replicas per node from measured GPU memory headroom and OOM events",
+			Registry:    reg,
+			Logger:      log,
 			Extra: map[string]http.Handler{"/healthz": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				_, _ = w.Write([]byte("ok\n"))
 			})},
-		})
+		}))
 	})
 
 	// The first part to stop (an error, or ctx) stops the others.

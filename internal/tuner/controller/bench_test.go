@@ -60,7 +60,7 @@ func BenchmarkRound(b *testing.B) {
 	// The first round writes the named configs and each node's hold
 	// annotation; wait until the informer has them, so measured rounds
 	// write nothing.
-	if err := c.round(ctx); err != nil {
+	if err := c.round(ctx, nil); err != nil {
 		b.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -77,7 +77,7 @@ func BenchmarkRound(b *testing.B) {
 	writes := len(client.Actions())
 	b.ResetTimer()
 	for b.Loop() {
-		if err := c.round(ctx); err != nil {
+		if err := c.round(ctx, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

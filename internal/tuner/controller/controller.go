@@ -396,16 +396,28 @@ func (c *Controller) loop(lead context.Context, stop <-chan struct{}) {
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
 	for {
-		err := c.round(lead)
+		err := c.round(lead, stop)
 		switch {
 		case err == nil:
 			c.m.lastSuccessfulRound.WithLabelValues().Set(float64(c.now().Unix()))
+		case errors.Is(err, errStopped):
+			c.log.Info("shutting down: the round in progress stopped before writing")
 		case lead.Err() == nil: // not a round cut short by lost leadership
 			c.m.roundFailures.Inc()
 			c.log.Error("tuner round failed", "err", err)
 		}
 		if c.afterRound != nil {
 			c.afterRound(err)
+		}
+		// Shutdown first: a select between stop and a tick already due
+		// picks at random, and could start a whole round (and its writes)
+		// after SIGTERM.
+		select {
+		case <-lead.Done():
+			return
+		case <-stop:
+			return
+		default:
 		}
 		select {
 		case <-lead.Done():
@@ -416,6 +428,9 @@ func (c *Controller) loop(lead context.Context, stop <-chan struct{}) {
 		}
 	}
 }
+
+// errStopped is a round that stopped at shutdown before it wrote anything.
+var errStopped = errors.New("shutting down")
 
 // work is one node in one round.
 type work struct {
@@ -438,14 +453,31 @@ type work struct {
 // query as long again, which under one budget for the whole round left the
 // writes none, every one of them failing on a context that had already
 // ended.
-func (c *Controller) round(lead context.Context) error {
+func (c *Controller) round(lead context.Context, stop <-chan struct{}) error {
 	now := c.now()
 	gctx, cancel := context.WithTimeout(lead, c.roundBudget)
+	// Shutdown ends the gathering, which writes nothing: a signal source
+	// that does not answer (the prometheus source waits up to 30 s) would
+	// otherwise keep the tuner past its pod's grace period and the lease
+	// unreleased. Writes begun are finished (their own budget, below).
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-stop:
+			cancel()
+		case <-gctx.Done():
+		}
+	}()
 	obs, err := c.source.Observe(gctx, now, c.cfg.Policy.Window)
 	if err == nil {
 		c.gatherIdle(gctx, now)
 	}
 	cancel()
+	<-stopped
+	if isClosed(stop) {
+		return errStopped
+	}
 	if err != nil {
 		return fmt.Errorf("gathering signals: %w", err)
 	}
@@ -585,4 +617,14 @@ func hasGPUs(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// isClosed says whether ch is closed; a nil ch never is.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -705,9 +705,10 @@ func testVerifyFailure(t *testing.T, env *testenv.Env) {
 		t.Errorf("last decision %+v, want the hold at 5 replicas with 8 advertised", r)
 	}
 	stop := make(chan struct{})
-	close(stop) // one round, then the loop ends
+	h.c.afterRound = func(error) { close(stop) } // one round, then the loop ends
 	h.advance(10 * time.Second)
 	h.c.loop(h.ctx, stop)
+	h.c.afterRound = nil
 	if label() != "gpuslice-5" {
 		t.Errorf("a held node was changed by a new leadership: %q", label())
 	}

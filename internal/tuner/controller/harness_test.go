@@ -73,6 +73,10 @@ type fakeSource struct {
 	took func()
 	// fail, when set, is Observe's error: a signal source that is down.
 	fail error
+	// hang, when set, makes Observe wait for its context to end, as a
+	// source that does not answer; calls counts Observe's calls.
+	hang  chan struct{}
+	calls int
 }
 
 // IdleHolders implements signals.IdleSource.
@@ -100,9 +104,18 @@ func (f *fakeSource) set(node string, s signal) {
 	f.nodes[node] = s
 }
 
-func (f *fakeSource) Observe(_ context.Context, now time.Time, window time.Duration) (map[string][]policy.GPUObservation, error) {
+func (f *fakeSource) Observe(ctx context.Context, now time.Time, window time.Duration) (map[string][]policy.GPUObservation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.calls++
+	if f.hang != nil {
+		select {
+		case f.hang <- struct{}{}: // says it has begun
+		default:
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	if f.took != nil {
 		f.took()
 	}
@@ -208,7 +221,7 @@ func newHarness(t *testing.T, env *testenv.Env, cfg config.Config, client kubern
 func (h *harness) round() {
 	h.t.Helper()
 	h.start()
-	if err := h.c.round(h.ctx); err != nil {
+	if err := h.c.round(h.ctx, nil); err != nil {
 		h.t.Fatalf("round: %v", err)
 	}
 }

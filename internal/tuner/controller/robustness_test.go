@@ -39,6 +39,47 @@ func TestRoundRobustness(t *testing.T) {
 	t.Run("a deleted node's series go", func(t *testing.T) { testDeletedNodeSeries(t, env) })
 	t.Run("writes get their budget after a slow gathering", func(t *testing.T) { testSlowGathering(t, env) })
 	t.Run("failed rounds are counted", func(t *testing.T) { testRoundFailures(t, env) })
+	t.Run("shutdown ends a hung gathering", func(t *testing.T) { testShutdownDuringGathering(t, env) })
+}
+
+// testShutdownDuringGathering: SIGTERM while the signal source does not
+// answer ends the round at once (the gathering writes nothing) and starts
+// no other, though the next tick is due; it is no failed round. Before,
+// the round waited out its budget (the prometheus source's 30 s, past a
+// pod's default grace period) and a tick already due could start another.
+func testShutdownDuringGathering(t *testing.T, env *testenv.Env) {
+	h := oneNodeScenario(t, env, config.ModeConfigManager, "sd", false, func(c *config.Config) { c.Interval = time.Millisecond })
+	h.start()
+	h.c.roundBudget = time.Hour
+	h.src.set("sd-node", headroom(1))
+	begun := make(chan struct{})
+	h.src.hang = begun
+	var errs []error
+	h.c.afterRound = func(e error) { errs = append(errs, e) }
+	defer func() { h.c.afterRound = nil }()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.c.loop(h.ctx, stop)
+	}()
+	<-begun
+	time.Sleep(10 * time.Millisecond) // the next tick is due
+	close(stop)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the loop still runs 30 s after shutdown began, its gathering hung")
+	}
+	h.src.mu.Lock()
+	calls := h.src.calls
+	h.src.mu.Unlock()
+	if calls != 1 || len(errs) != 1 || !errors.Is(errs[0], errStopped) {
+		t.Errorf("%d gatherings, rounds ended with %v; want one, stopped", calls, errs)
+	}
+	if got := testutil.ToFloat64(h.c.m.roundFailures); got != 0 {
+		t.Errorf("round_failures_total = %v, want a shutdown not counted", got)
+	}
 }
 
 // heldNode is a node held after a failed verification at 5 replicas
@@ -92,10 +133,9 @@ func (h *harness) newLeadership() error {
 	h.t.Helper()
 	h.start()
 	var err error
-	h.c.afterRound = func(e error) { err = e }
-	defer func() { h.c.afterRound = nil }()
 	stop := make(chan struct{})
-	close(stop) // one round
+	h.c.afterRound = func(e error) { err = e; close(stop) } // one round
+	defer func() { h.c.afterRound = nil }()
 	h.c.loop(h.ctx, stop)
 	return err
 }
@@ -264,7 +304,7 @@ func (h *harness) roundCutShort(ic *interceptor, cancel *context.CancelFunc) {
 	ctx, stop := context.WithCancel(h.ctx)
 	defer stop()
 	*cancel = stop
-	_ = h.c.round(ctx)
+	_ = h.c.round(ctx, nil)
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	if !ic.fired {
