@@ -52,7 +52,7 @@ func testShutdownDuringGathering(t *testing.T, env *testenv.Env) {
 	h.start()
 	h.c.roundBudget = time.Hour
 	h.src.set("sd-node", headroom(1))
-	begun := make(chan struct{})
+	begun := make(chan struct{}, 1) // Observe's word is kept until read
 	h.src.hang = begun
 	var errs []error
 	h.c.afterRound = func(e error) { errs = append(errs, e) }
