@@ -77,7 +77,7 @@ func parseFlags(args []string) (*options, error) {
 	if err := flagenv.Apply(fs, "GPUSLICE_", nil); err != nil {
 		return nil, err
 	}
-	if err := o.web.Validate("/healthz"); err != nil {
+	if err := o.web.Validate(); err != nil {
 		return nil, err
 	}
 	if err := flagenv.NonNegative(fs, "health.interval", "health.recovery-interval", "kubelet.pod-resources-interval"); err != nil {

@@ -35,18 +35,21 @@ func (a *addresses) String() string {
 	return strings.Join(*a.list, ",")
 }
 
+// Set takes one address, or several separated by commas (no address has
+// one), so that GPUSLICE_WEB_LISTEN_ADDRESS, which is set once, can carry
+// several too.
 func (a *addresses) Set(v string) error {
 	if !a.set {
 		*a.list, a.set = nil, true
 	}
-	*a.list = append(*a.list, v)
+	*a.list = append(*a.list, strings.Split(v, ",")...)
 	return nil
 }
 
 // Register adds the flags to fs, defaultAddress being the program's port.
 func (f *Flags) Register(fs *flag.FlagSet, defaultAddress string) {
 	f.ListenAddresses = []string{defaultAddress}
-	fs.Var(&addresses{list: &f.ListenAddresses}, "web.listen-address", "Address to serve metrics on; repeat the flag for several (default "+defaultAddress+").")
+	fs.Var(&addresses{list: &f.ListenAddresses}, "web.listen-address", "The `address` to serve metrics on; repeat the flag, or separate addresses by commas, for several.")
 	fs.BoolVar(&f.SystemdSocket, "web.systemd-socket", false, "Serve on the sockets systemd passes (socket activation) instead of --web.listen-address.")
 	fs.StringVar(&f.MetricsPath, "web.telemetry-path", "/metrics", "Path of the metrics.")
 	fs.StringVar(&f.ConfigFile, "web.config.file", "", "Prometheus exporter-toolkit web config (TLS, basic auth).")

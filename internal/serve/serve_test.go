@@ -33,6 +33,16 @@ func TestListenAddressRepeated(t *testing.T) {
 	if err := fs.Parse([]string{"--web.listen-address=" + a, "--web.listen-address=" + b}); err != nil {
 		t.Fatal(err)
 	}
+	var g Flags
+	gs := flag.NewFlagSet("t", flag.ContinueOnError)
+	g.Register(gs, ":9846")
+	// One value with commas, as the environment variable carries it.
+	if err := gs.Set("web.listen-address", a+","+b); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(g.ListenAddresses, []string{a, b}) {
+		t.Errorf("%s,%s: %v", a, b, g.ListenAddresses)
+	}
 	if err := f.Validate("/healthz"); err != nil {
 		t.Fatal(err)
 	}
