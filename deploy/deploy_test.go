@@ -2060,3 +2060,33 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// TestListenAddressOverride: a component's extraArgs that give
+// --web.listen-address replace the chart's: the flag adds an address each
+// time it is given, and the same port twice would fail to bind.
+func TestListenAddressOverride(t *testing.T) {
+	h := helmBinary(t)
+	objs := render(t, h, valueSet{name: "listen", release: "gpuslice", namespace: "gpuslice", args: []string{
+		"--set", "plugin.enabled=true",
+		"--set", "exporter.extraArgs={--web.listen-address=[::]:9846}",
+		"--set", "plugin.extraArgs={--web.listen-address,0.0.0.0:9848}",
+	}})
+	for _, tc := range []struct {
+		kind, name string
+		want       []string
+	}{
+		{"DaemonSet", "gpuslice-exporter", []string{"--web.listen-address=[::]:9846"}},
+		{"DaemonSet", "gpuslice-plugin", []string{"--web.listen-address"}},
+		{"Deployment", "gpuslice-tuner", []string{"--web.listen-address=:9847"}},
+	} {
+		var got []string
+		for _, a := range strs(container(t, find(t, objs, tc.kind, tc.name))["args"]) {
+			if strings.HasPrefix(a, "--web.listen-address") {
+				got = append(got, a)
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s %s: listen arguments %q, want %q", tc.kind, tc.name, got, tc.want)
+		}
+	}
+}

@@ -275,3 +275,21 @@ chart writes itself (duplicate YAML keys).
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The --web.listen-address argument for a component's port (dict "port" P
+"extraArgs" A), left out when the component's extraArgs give their own:
+the flag adds an address each time it is given, so both would be served
+and the same port twice fails to bind.
+*/}}
+{{- define "gpuslice.listenArg" -}}
+{{- $own := false }}
+{{- range .extraArgs }}
+{{- if or (hasPrefix "--web.listen-address" (toString .)) (hasPrefix "-web.listen-address" (toString .)) }}
+{{- $own = true }}
+{{- end }}
+{{- end }}
+{{- if not $own -}}
+- --web.listen-address=:{{ .port }}
+{{- end }}
+{{- end }}
