@@ -43,6 +43,11 @@ type Kubelet interface {
 	Allocatable(ctx context.Context) ([]podresources.Allocatable, error)
 }
 
+// DefaultScrapeTimeout bounds a whole scrape: under Prometheus's default
+// scrape_timeout (10 s), so that a slow source leaves a partial answer in
+// time rather than a scrape Prometheus gave up on.
+const DefaultScrapeTimeout = 9 * time.Second
+
 // Config wires the exporter to its sources. Only GPU is required: without a
 // kubelet or pod source the exporter still reports device metrics, and every
 // process counts as unattributed.
@@ -55,9 +60,11 @@ type Config struct {
 	// OOM finds GPU OOM events; nil turns that collector off.
 	OOM *oom.Detector
 	// Timeout bounds each source of a scrape (the GPU reading, the
-	// kubelet's calls, ...) on its own.
+	// kubelet's calls, ...) on its own, within ScrapeTimeout.
 	Timeout time.Duration
-	Logger  *slog.Logger
+	// ScrapeTimeout bounds the whole scrape (DefaultScrapeTimeout when 0).
+	ScrapeTimeout time.Duration
+	Logger        *slog.Logger
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 	// MaxGPUFailures is how many collections in a row may read no GPU
@@ -127,6 +134,8 @@ type source struct {
 
 // scrape is what one Collect has read so far.
 type scrape struct {
+	// whole ends at the scrape's deadline; ctx is the running source's.
+	whole context.Context
 	ctx   context.Context
 	em    emitter
 	in    attribution.Input
@@ -147,6 +156,9 @@ func New(cfg Config) *Exporter {
 	}
 	if cfg.Procfs == "" {
 		cfg.Procfs = "/proc"
+	}
+	if cfg.ScrapeTimeout <= 0 {
+		cfg.ScrapeTimeout = DefaultScrapeTimeout
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
@@ -221,8 +233,10 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 
 // collect reads the node into e.series. The caller holds e.mu.
 func (e *Exporter) collect() {
+	whole, cancel := context.WithTimeout(context.Background(), e.cfg.ScrapeTimeout)
+	defer cancel()
 	e.series.begin()
-	sc := &scrape{em: emitter{set: e.series}, index: e.index, failed: map[string]bool{}}
+	sc := &scrape{whole: whole, em: emitter{set: e.series}, index: e.index, failed: map[string]bool{}}
 	sc.in.Pods = e.cfg.Pods
 	sc.in.MIGParents = e.migParent
 	for _, s := range e.inputs {
@@ -231,7 +245,10 @@ func (e *Exporter) collect() {
 	mps := e.splitMPS(sc)
 	sc.res = attribution.Join(sc.in)
 	emitAttribution(sc.em, sc.res, sc.index)
-	e.logMemoryUnknown(sc.in.Devices)
+	if !sc.failed[CollectorGPU] {
+		// A failed reading lists no process: no news either way.
+		e.logMemoryUnknown(sc.in.Devices)
+	}
 	e.emitMPS(sc, mps)
 	e.collectIdle(sc)
 	e.energy.update(sc.in.Devices, sc.res, e.cfg.Now())
@@ -242,12 +259,14 @@ func (e *Exporter) collect() {
 	e.series.finish()
 }
 
-// execute runs one source with a deadline of its own: with one for the
-// whole scrape, a GPU reading that took most of it (NVML calls block, a
-// GPU in trouble can take seconds) left the kubelet none, and a healthy
-// kubelet was reported failed and its series dropped.
+// execute runs one source with a deadline of its own: with only the one
+// of the whole scrape, a GPU reading that took most of Timeout (NVML calls
+// block, a GPU in trouble can take seconds) left the kubelet none, and a
+// healthy kubelet was reported failed and its series dropped. The
+// scrape's own deadline still bounds them all, so that a scrape answers
+// within Prometheus's timeout rather than not at all.
 func (e *Exporter) execute(sc *scrape, s source) {
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(sc.whole, e.cfg.Timeout)
 	defer cancel()
 	sc.ctx = ctx
 	start := time.Now()

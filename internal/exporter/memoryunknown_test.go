@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpuslice/gpuslice/internal/gpu"
+	"github.com/gpuslice/gpuslice/test/simnode"
 )
 
 // naBackend is a backend whose driver gives one PID's memory as not
@@ -92,5 +93,25 @@ func TestMemoryNotAvailable(t *testing.T) {
 	na.on = true
 	if l := lines(t, d.reg, "gpuslice_unattributed_gpu_memory_used_bytes"); len(l) != 0 {
 		t.Errorf("unattributed memory with a process's memory not available: %v", l)
+	}
+}
+
+// TestMPSServerMemoryNotAvailable: an MPS server whose memory the driver
+// does not give has no server-memory series rather than a 0.
+func TestMPSServerMemoryNotAvailable(t *testing.T) {
+	n, err := simnode.New("mps-na", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0 := simnode.GPUUUID("mps-na", 0)
+	n.GPUs = []*simnode.GPU{{UUID: g0, MemoryBytes: 48 << 30, Replicas: 4,
+		HostProcesses: []simnode.Process{{PID: 900, GPU: g0, MemoryBytes: 66 << 20, MPSServer: true}}}}
+	e, reg := exporterWithOOM(t, n)
+	if l := lines(t, reg, "gpuslice_gpu_mps_server_memory_used_bytes"); len(l) != 1 {
+		t.Fatalf("MPS server memory series %v, want 1", l)
+	}
+	e.cfg.GPU = &naBackend{Backend: e.cfg.GPU, pid: 900, on: true}
+	if l := lines(t, reg, "gpuslice_gpu_mps_server_memory_used_bytes"); len(l) != 0 {
+		t.Errorf("MPS server memory not available: series %v, want none", l)
 	}
 }

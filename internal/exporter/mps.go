@@ -33,8 +33,11 @@ var (
 
 // mpsScrape is one scrape's MPS view of the GPUs.
 type mpsScrape struct {
-	// server is the memory of the MPS servers per GPU UUID.
-	server map[string]uint64
+	// server is the memory of the MPS servers per GPU UUID;
+	// serverUnknown holds the GPUs where the driver gave a server's as
+	// not available, whose server series is left out.
+	server        map[string]uint64
+	serverUnknown map[string]bool
 	// clients are the other processes on GPUs that have a server.
 	clients map[string][]gpu.Process
 }
@@ -45,7 +48,7 @@ type mpsScrape struct {
 // server's alone). sc.in.Devices is replaced, never modified in place: the
 // GPU backend may share it.
 func (e *Exporter) splitMPS(sc *scrape) mpsScrape {
-	m := mpsScrape{server: map[string]uint64{}, clients: map[string][]gpu.Process{}}
+	m := mpsScrape{server: map[string]uint64{}, serverUnknown: map[string]bool{}, clients: map[string][]gpu.Process{}}
 	var out []gpu.Device
 	for i, d := range sc.in.Devices {
 		if !slices.ContainsFunc(d.Processes, e.isMPSServer) {
@@ -58,6 +61,9 @@ func (e *Exporter) splitMPS(sc *scrape) mpsScrape {
 		for _, p := range d.Processes {
 			if e.isMPSServer(p) {
 				m.server[d.UUID] += p.UsedMemoryBytes
+				if p.MemoryUnknown {
+					m.serverUnknown[d.UUID] = true
+				}
 				continue
 			}
 			p.SMUtilization, p.HasSMUtilization = 0, false
@@ -211,7 +217,9 @@ func (e *Exporter) emitMPS(sc *scrape, m mpsScrape) {
 		_, sc.mpsGPUs[d.UUID] = m.server[d.UUID]
 	}
 	for uuid, b := range m.server {
-		sc.em.gauge(gpuMPSServerMem, float64(b), sc.index[uuid], uuid)
+		if !m.serverUnknown[uuid] {
+			sc.em.gauge(gpuMPSServerMem, float64(b), sc.index[uuid], uuid)
+		}
 	}
 	if len(m.clients) == 0 || sc.failed[CollectorProcfs] {
 		return

@@ -235,12 +235,14 @@ func (c *Client) call(ctx context.Context, method string, rpc func(context.Conte
 	if _, err := os.Stat(c.path); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %s: socket missing", ErrUnavailable, c.path)
 	}
+	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
 	if state := c.conn.GetState(); state != connectivity.Ready {
 		// A socket file with nothing listening (a kubelet stopped or
 		// crashed leaves it behind) refuses at once, but WaitForReady
 		// would wait out the whole timeout on every call, and every
 		// scrape with it. A plain connect tells.
-		probe, err := net.DialTimeout("unix", c.path, c.timeout)
+		probe, err := (&net.Dialer{}).DialContext(callCtx, "unix", c.path)
 		if err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrUnavailable, c.path, err)
 		}
@@ -251,8 +253,6 @@ func (c *Client) call(ctx context.Context, method string, rpc func(context.Conte
 			c.conn.ResetConnectBackoff()
 		}
 	}
-	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
 	// WaitForReady rides out the moment between the socket appearing and the
 	// connection being up, bounded by the timeout above.
 	err := rpc(callCtx, grpc.WaitForReady(true))
