@@ -188,6 +188,8 @@ type Controller struct {
 	// WaitingForReplica Events given (explain.go).
 	idle      map[string][]signals.IdleHolder
 	explained map[string]explained
+	// toExplain is this round's notes for waiting pods, by pod UID.
+	toExplain map[string]*toExplain
 
 	// state is per node, touched only by the goroutine running rounds.
 	state map[string]*nodeState
@@ -543,6 +545,7 @@ func (c *Controller) round(lead context.Context, stop <-chan struct{}) error {
 		}
 	}
 	err = c.applier.apply(ctx, now, r)
+	c.flushExplanations(now)
 	all, lerr := c.nodes.List(labels.Everything())
 	if lerr != nil {
 		return errors.Join(err, lerr)

@@ -38,6 +38,7 @@ func TestAgainstAPIServer(t *testing.T) {
 	t.Run("a pending pod raises", func(t *testing.T) { testPendingPod(t, env) })
 	t.Run("workload memory survives a restart", func(t *testing.T) { testWorkloadMemory(t, env) })
 	t.Run("a waiting pod is told who idles", func(t *testing.T) { testExplainWaiting(t, env) })
+	t.Run("a pod that may run on several nodes gets one explanation", func(t *testing.T) { testExplainOncePerPod(t, env) })
 	t.Run("RBAC manifest is enough and no more", func(t *testing.T) { testRBAC(t, env) })
 	t.Run("DRA node: advice, no config", func(t *testing.T) { testDRANode(t, env) })
 	t.Run("NVIDIA's config-manager", func(t *testing.T) { testNVIDIAConfigManager(t, env) })

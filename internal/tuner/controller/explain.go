@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,10 +27,25 @@ const maxNamedIdle = 5
 // waits, so that it stays among the pod's recent Events.
 const reexplain = 30 * time.Minute
 
-// explained is the last explanation given to one pod about one node.
+// maxExplainedNodes is the most nodes one pod's Event explains; the
+// rest are counted.
+const maxExplainedNodes = 3
+
+// explained is the last explanation given to one pod.
 type explained struct {
 	key string
 	at  time.Time
+}
+
+// toExplain is what one round found to tell one waiting pod: a part per
+// node it could run on.
+type toExplain struct {
+	pod   *corev1.Pod
+	parts []explainPart
+}
+
+type explainPart struct {
+	node, key, msg string
 }
 
 // gatherIdle reads the idle holders of every node for this round, when the
@@ -64,11 +81,10 @@ func (c *Controller) idleHolders(node string) []signals.IdleHolder {
 	return out
 }
 
-// explainWaiting puts a WaitingForReplica Event on each pod waiting for the
-// node's resource when the decision does not raise: the count kept and why,
-// and the pods that hold replicas there without using them. An explanation
-// is repeated only when it changes (another reason, other idle pods) or
-// after reexplain.
+// explainWaiting notes, for each pod waiting for the node's resource when
+// the decision does not raise, the count kept and why, and the pods that
+// hold replicas there without using them. The round's notes become one
+// WaitingForReplica Event per pod (flushExplanations).
 func (c *Controller) explainWaiting(w *work, waiting []*corev1.Pod, resource string, cur int, d policy.Decision, now time.Time) {
 	if len(waiting) == 0 || d.Replicas > cur {
 		return
@@ -100,20 +116,60 @@ func (c *Controller) explainWaiting(w *work, waiting []*corev1.Pod, resource str
 			fmt.Fprintf(&b, " and %d more", len(idle)-maxNamedIdle)
 		}
 	}
-	msg := b.String()
-	key := d.Reason + "|" + fmt.Sprint(cur) + "|" + strings.Join(names, ",")
+	part := explainPart{node: w.node.Name, msg: b.String(),
+		key: w.node.Name + "|" + d.Reason + "|" + fmt.Sprint(cur) + "|" + strings.Join(names, ",")}
+	if c.toExplain == nil {
+		c.toExplain = map[string]*toExplain{}
+	}
 	for _, p := range waiting {
-		id := string(p.UID) + "|" + w.node.Name
-		if e, ok := c.explained[id]; ok && e.key == key && now.Sub(e.at) < reexplain {
+		e := c.toExplain[string(p.UID)]
+		if e == nil {
+			e = &toExplain{pod: p}
+			c.toExplain[string(p.UID)] = e
+		}
+		e.parts = append(e.parts, part)
+	}
+}
+
+// flushExplanations gives each pod noted this round one WaitingForReplica
+// Event, naming every node it was explained on (up to maxExplainedNodes,
+// the rest counted): a pod that may run on any GPU node got one Event from
+// each, thirty at once on thirty nodes, which the API server's per-object
+// spam filter then partly dropped. An explanation is repeated only when it
+// changes (another node, reason or idle pods) or after reexplain.
+func (c *Controller) flushExplanations(now time.Time) {
+	uids := slices.Sorted(maps.Keys(c.toExplain))
+	for _, uid := range uids {
+		e := c.toExplain[uid]
+		slices.SortFunc(e.parts, func(a, b explainPart) int { return strings.Compare(a.node, b.node) })
+		keys := make([]string, len(e.parts))
+		for i, p := range e.parts {
+			keys[i] = p.key
+		}
+		key := strings.Join(keys, "\n")
+		if x, ok := c.explained[uid]; ok && x.key == key && now.Sub(x.at) < reexplain {
 			continue
 		}
-		c.explained[id] = explained{key: key, at: now}
-		m := msg
+		c.explained[uid] = explained{key: key, at: now}
+		var b strings.Builder
 		if c.cfg.DryRun {
-			m = "dry run: " + m
+			b.WriteString("dry run: ")
 		}
-		c.rec.Event(p, corev1.EventTypeNormal, ReasonWaitingForReplica, m)
+		if len(e.parts) > 1 {
+			fmt.Fprintf(&b, "%d nodes: ", len(e.parts))
+		}
+		for i, p := range e.parts[:min(len(e.parts), maxExplainedNodes)] {
+			if i > 0 {
+				b.WriteString(" | ")
+			}
+			b.WriteString(p.msg)
+		}
+		if n := len(e.parts) - maxExplainedNodes; n > 0 {
+			fmt.Fprintf(&b, " | and %d more node(s) alike", n)
+		}
+		c.rec.Event(e.pod, corev1.EventTypeNormal, ReasonWaitingForReplica, b.String())
 	}
+	clear(c.toExplain)
 }
 
 // forgetExplained drops the explanations older than any repeat would be.
