@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpuslice/gpuslice/internal/testproc"
 )
 
 func TestFlagsFromEnvironment(t *testing.T) {
@@ -34,12 +36,7 @@ func TestNoNVML(t *testing.T) {
 	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
 		t.Skip("this machine has an NVIDIA driver")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := testproc.FreeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -195,7 +192,7 @@ func TestServesWhileSourcesHang(t *testing.T) {
 				_, _ = io.Copy(io.Discard, c)
 				close(closed)
 			}()
-			addr := freeAddr(t)
+			addr := testproc.FreeAddr(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			args := append([]string{"--gpu.backend=nvml", "--web.listen-address=" + addr, "--kubelet.pod-resources-socket=",
@@ -229,14 +226,4 @@ func TestServesWhileSourcesHang(t *testing.T) {
 			}
 		})
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

@@ -5,13 +5,14 @@ import (
 	"flag"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuslice/gpuslice/internal/testproc"
 )
 
 // TestListenAddressRepeated: --web.listen-address given twice serves on
@@ -26,7 +27,7 @@ func TestListenAddressRepeated(t *testing.T) {
 	if !slices.Equal(f.ListenAddresses, []string{":9846"}) {
 		t.Errorf("default: %v", f.ListenAddresses)
 	}
-	a, b := freeAddr(t), freeAddr(t)
+	a, b := testproc.FreeAddr(t), testproc.FreeAddr(t)
 	f = Flags{}
 	fs = flag.NewFlagSet("t", flag.ContinueOnError)
 	f.Register(fs, ":9846")
@@ -52,9 +53,15 @@ func TestListenAddressRepeated(t *testing.T) {
 		done <- Run(ctx, f.Options(Options{Name: "t", Registry: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler)}))
 	}()
 	for _, addr := range []string{a, b} {
-		if err := get(addr + "/metrics"); err != nil {
-			t.Errorf("%s: %v", addr, err)
-		}
+		testproc.Eventually(t, 10*time.Second, 20*time.Millisecond, func() string {
+			resp, err := http.Get("http://" + addr + "/metrics")
+			if err != nil {
+				return err.Error()
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return ""
+		})
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -78,31 +85,5 @@ func TestMetricsPathRefused(t *testing.T) {
 	}
 	if err := (&Flags{ListenAddresses: []string{":1"}, MetricsPath: "/"}).Validate("/healthz"); err != nil {
 		t.Errorf("metrics at /: %v", err)
-	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func get(url string) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := http.Get("http://" + url)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
