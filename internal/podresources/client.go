@@ -239,7 +239,7 @@ func (c *Client) call(ctx context.Context, method string, rpc func(context.Conte
 	defer cancel()
 	if state := c.conn.GetState(); state != connectivity.Ready {
 		// A socket file with nothing listening (a kubelet stopped or
-		// crashed leaves it behind) refuses at once, but WaitForReady
+		// crashed may leave it behind) refuses at once, but WaitForReady
 		// would wait out the whole timeout on every call, and every
 		// scrape with it. A plain connect tells.
 		probe, err := (&net.Dialer{}).DialContext(callCtx, "unix", c.path)

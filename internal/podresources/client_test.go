@@ -404,7 +404,7 @@ func TestInstance(t *testing.T) {
 }
 
 // TestStaleSocketFailsAtOnce: a socket file with nothing listening (a
-// kubelet stopped or crashed leaves it behind) is refused as unavailable
+// kubelet stopped or crashed may leave it behind) is refused as unavailable
 // with the refusal, not waited on until the call's deadline: each scrape
 // would otherwise take the whole timeout.
 func TestStaleSocketFailsAtOnce(t *testing.T) {
